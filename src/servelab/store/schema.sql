@@ -1,0 +1,124 @@
+-- servelab's DuckDB schema. One database file holds every run. Times are Unix epoch seconds
+-- (DOUBLE) taken from one wall-clock anchor per process plus a monotonic clock, so rows from
+-- different workers and hosts join on time. Every column is documented in analysis/README.md.
+
+CREATE TABLE IF NOT EXISTS runs (
+    run_id            VARCHAR PRIMARY KEY,
+    started_unix      DOUBLE,
+    finished_unix     DOUBLE,
+    profile_name      VARCHAR,
+    profile_path      VARCHAR,
+    profile_text      VARCHAR,      -- the full YAML as run
+    load_kind         VARCHAR,      -- concurrency | rate | ramp | trace
+    target            VARCHAR,      -- base URL of the server under test
+    variant           VARCHAR,      -- servers/variants name, or NULL
+    hardware          VARCHAR,      -- servers/hardware name, or NULL when unknown
+    model             VARCHAR,      -- served model id
+    gpus              INTEGER,      -- GPUs the variant occupies (per-GPU normalisation)
+    tags              MAP(VARCHAR, VARCHAR),
+    servelab_version  VARCHAR,
+    workers           INTEGER,      -- worker processes (0 = one local process)
+    status            VARCHAR,      -- running | completed | failed | interrupted
+    host_info         JSON,         -- hostname, cpus, python, locust and duckdb versions
+    flags             VARCHAR[],    -- e.g. generator_saturated, rows_lost, predicted, unverified
+    settings          JSON,         -- command-line settings (timeouts, seed, salt, ...)
+    verification      JSON,         -- servelab verify verdict, NULL when not verified
+    notes             VARCHAR
+);
+
+-- Per-class settings of a run, copied from the profile so SQL can judge SLOs.
+CREATE TABLE IF NOT EXISTS run_classes (
+    run_id        VARCHAR,
+    class_name    VARCHAR,
+    weight        DOUBLE,
+    slo_ttft_ms   DOUBLE,
+    slo_tpot_ms   DOUBLE,
+    slo_itl_ms    DOUBLE,
+    slo_e2e_ms    DOUBLE,
+    PRIMARY KEY (run_id, class_name)
+);
+
+-- One row per load stage (a concurrency level, a rate, a ramp stage, a trace replay).
+-- The measured window of a stage is [measure_start_unix, measure_end_unix).
+CREATE TABLE IF NOT EXISTS stages (
+    run_id              VARCHAR,
+    stage               INTEGER,
+    kind                VARCHAR,    -- concurrency | rate | ramp | trace
+    level               DOUBLE,     -- users (closed loop) or requests/s (open loop)
+    started_unix        DOUBLE,     -- the stage was asked for
+    reached_unix        DOUBLE,     -- the user count was reached (closed loop); = started otherwise
+    measure_start_unix  DOUBLE,     -- reached + warm-up
+    measure_end_unix    DOUBLE,     -- end of hold, before cool-down
+    ended_unix          DOUBLE,
+    PRIMARY KEY (run_id, stage)
+);
+
+-- One row per request, whatever its outcome.
+CREATE TABLE IF NOT EXISTS requests (
+    run_id                VARCHAR,
+    request_id            VARCHAR,
+    worker                VARCHAR,
+    worker_seq            BIGINT,     -- per-worker sequence number (loss accounting)
+    class_name            VARCHAR,
+    stage                 INTEGER,
+    level                 DOUBLE,
+    warmup                BOOLEAN,    -- sent before the stage's measured window
+    scheduled_unix        DOUBLE,     -- open loop / trace: when it should have been sent; else NULL
+    sent_unix             DOUBLE,
+    first_token_unix      DOUBLE,     -- first chunk carrying output text
+    last_token_unix       DOUBLE,     -- last chunk carrying output text
+    done_unix             DOUBLE,     -- stream closed ([DONE], error or cut)
+    ttft_ms               DOUBLE,
+    e2e_ms                DOUBLE,
+    chunk_offsets_ms      DOUBLE[],   -- per content chunk: arrival - sent
+    chunk_tokens          INTEGER[],  -- per content chunk: tokens in it
+    prompt_tokens_target  INTEGER,
+    prompt_tokens         INTEGER,    -- actual (server usage, else estimated)
+    output_tokens_target  INTEGER,
+    output_tokens         INTEGER,    -- actual (server usage, else estimated)
+    token_source          VARCHAR,    -- usage | estimated
+    cached_tokens         INTEGER,    -- prompt tokens served from the prefix cache, when reported
+    finish_reason         VARCHAR,
+    http_status           INTEGER,
+    error_kind            VARCHAR,    -- NULL when the request succeeded
+    error_text            VARCHAR,
+    arrival_status        VARCHAR,    -- on_time | late | dropped (open loop); NULL closed loop
+    prefix_group          INTEGER,
+    session_id            VARCHAR,
+    turn                  INTEGER
+);
+
+-- Prometheus samples scraped from the target during the run.
+CREATE TABLE IF NOT EXISTS server_metrics (
+    run_id   VARCHAR,
+    t_unix   DOUBLE,
+    name     VARCHAR,                 -- sample name as exposed (…_total, …_bucket, …_sum)
+    labels   MAP(VARCHAR, VARCHAR),
+    value    DOUBLE
+);
+
+-- The load generator's own health, sampled on every worker.
+CREATE TABLE IF NOT EXISTS client_health (
+    run_id            VARCHAR,
+    worker            VARCHAR,
+    t_unix            DOUBLE,
+    cpu_percent       DOUBLE,        -- this process, percent of one core
+    loop_lag_ms       DOUBLE,        -- worst event-loop lag seen in the interval
+    loop_lag_p99_ms   DOUBLE,
+    in_flight         INTEGER,
+    backlog           INTEGER,       -- open loop: arrivals due but not yet sent
+    rss_mb            DOUBLE
+);
+
+-- Produced vs stored rows per worker: no row is lost silently.
+CREATE TABLE IF NOT EXISTS run_workers (
+    run_id     VARCHAR,
+    worker     VARCHAR,
+    host       VARCHAR,
+    produced   BIGINT,
+    stored     BIGINT,
+    in_flight_lost BIGINT,
+    status     VARCHAR,               -- finished | lost | killed
+    spool_path VARCHAR,
+    PRIMARY KEY (run_id, worker)
+);
