@@ -1,0 +1,301 @@
+"""Drive engines in virtual time: no sleeping, no sockets, the same Engine the HTTP server runs.
+
+Two ways to send traffic: ``run_open_loop`` (requests sent at given times) and ``run_closed_loop``
+(N users, each sending its next request when the previous one finishes, after a think time).
+Both return every request's client-side timeline (sent, every chunk's time and size, finish) and
+periodic samples of the engines' gauges and counters, which is what a benchmark client and a
+/metrics scraper would have seen.
+
+Client-side times add a small frontend latency on either side of the engine (HTTP parsing,
+tokenization, the hop to the engine core; detokenizing and writing the SSE chunk).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import statistics
+from collections.abc import Callable, Iterable, Iterator, Sequence as Seq
+from dataclasses import dataclass, field
+
+from servelab.sim.balancer import least_outstanding
+from servelab.sim.engine import Engine, StepOutput
+
+FRONTEND_IN_S = 0.002    # request sent -> engine sees it
+FRONTEND_OUT_S = 0.0005  # step done -> client receives the chunk
+_SUFFIX_BASE = 1 << 40   # request-unique prompt ids live above every prefix-group id
+
+
+@dataclass
+class VirtualRequest:
+    prompt_len: int
+    output_len: int
+    arrival_s: float = 0.0                  # when the client sends it (open loop)
+    prefix_group: str | int | None = None   # requests of one group share their first prefix_len tokens
+    prefix_len: int = 0
+    prompt_token_ids: Seq[int] | None = None  # explicit ids win over prefix_group
+    ignore_eos: bool = True                 # output_len exact (as benchmarks run with --ignore-eos)
+    max_tokens: int | None = None           # default output_len; with ignore_eos=False, EOS at output_len
+    min_tokens: int = 0
+    spec_acceptance: float | None = None
+    class_name: str = "default"
+    request_id: str | None = None
+
+
+@dataclass
+class RequestRecord:
+    request_id: str
+    class_name: str
+    engine_index: int
+    sent_s: float
+    prompt_tokens: int
+    max_tokens: int
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+    first_token_s: float | None = None
+    end_s: float | None = None
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+    queue_s: float | None = None            # engine arrival -> first scheduled
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_s is None else self.first_token_s - self.sent_s
+
+    @property
+    def e2e(self) -> float | None:
+        return None if self.end_s is None else self.end_s - self.sent_s
+
+    @property
+    def tpot(self) -> float | None:
+        if self.end_s is None or self.first_token_s is None or self.output_tokens < 2:
+            return None
+        return (self.end_s - self.first_token_s) / (self.output_tokens - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        t = self.chunk_times
+        return [t[i] - t[i - 1] for i in range(1, len(t))]
+
+
+@dataclass
+class StatSample:
+    t: float
+    engine_index: int
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    num_preemptions_total: int
+    prefix_cache_queries_total: int
+    prefix_cache_hits_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    spec_num_drafts_total: int
+    spec_num_draft_tokens_total: int
+    spec_num_accepted_tokens_total: int
+
+
+@dataclass
+class VirtualResult:
+    records: list[RequestRecord]
+    samples: list[StatSample]
+    end_s: float
+    engines: list[Engine]
+
+    def finished(self, start_s: float = 0.0, end_s: float | None = None) -> list[RequestRecord]:
+        end = self.end_s if end_s is None else end_s
+        return [r for r in self.records if r.end_s is not None and start_s <= r.end_s <= end]
+
+    def output_throughput(self, start_s: float = 0.0, end_s: float | None = None) -> float:
+        """Output tokens per second of the chunks received inside the window."""
+        end = self.end_s if end_s is None else end_s
+        tokens = 0
+        for r in self.records:
+            for t, n in zip(r.chunk_times, r.chunk_tokens):
+                if start_s <= t < end:
+                    tokens += n
+        return tokens / (end - start_s) if end > start_s else 0.0
+
+
+def percentile(values: Seq[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in 0..100."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def median(values: Iterable[float | None]) -> float:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def prompt_ids_for(req: VirtualRequest, index: int) -> Seq[int]:
+    """Token ids: a group's shared prefix (equal ids hash to equal blocks), then ids unique to the
+    request so that nothing else is shared by accident."""
+    if req.prompt_token_ids is not None:
+        return req.prompt_token_ids
+    shared = min(req.prefix_len, req.prompt_len) if req.prefix_group is not None else 0
+    ids: list[int] = []
+    if shared:
+        base = (hash(("servelab-prefix", req.prefix_group)) & 0xFFFFFFF) * 1_000_000
+        ids = list(range(base, base + shared))
+    start = _SUFFIX_BASE + index * 1_000_000
+    ids.extend(range(start, start + req.prompt_len - shared))
+    return ids
+
+
+class VirtualRunner:
+    """Event loop over arrivals and engine steps. Each engine is busy for its step's duration;
+    a request that arrives meanwhile waits for the next step, as in vLLM's busy loop."""
+
+    def __init__(self, engines: list[Engine], sample_interval_s: float = 1.0,
+                 frontend_in_s: float = FRONTEND_IN_S, frontend_out_s: float = FRONTEND_OUT_S):
+        self.engines = engines
+        self.sample_interval_s = sample_interval_s
+        self.frontend_in_s = frontend_in_s
+        self.frontend_out_s = frontend_out_s
+        self._heap: list = []
+        self._tick = itertools.count()
+        self._busy = [False] * len(engines)
+        self._live: dict[str, RequestRecord] = {}
+        self.records: list[RequestRecord] = []
+        self.samples: list[StatSample] = []
+        self._next_index = 0
+        self.now = 0.0
+        # Gauges as of each engine's last completed step: step() updates state at once, but that
+        # state belongs to the step's end, as in vLLM where stats come with each step's output.
+        self._current = [self._snapshot(e) for e in engines]
+        self.on_finish: Callable[[RequestRecord, float], None] | None = None
+
+    def submit(self, req: VirtualRequest, sent_s: float) -> None:
+        index = self._next_index
+        self._next_index += 1
+        heapq.heappush(self._heap, (sent_s + self.frontend_in_s, next(self._tick), "arrive", (req, index, sent_s)))
+
+    @staticmethod
+    def _snapshot(e: Engine) -> tuple:
+        s = e.stats
+        return (s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions_total,
+                s.prefix_cache_queries_total, s.prefix_cache_hits_total, s.prompt_tokens_total,
+                s.generation_tokens_total, s.spec_num_drafts_total, s.spec_num_draft_tokens_total,
+                s.spec_num_accepted_tokens_total)
+
+    def _start_step(self, i: int, t: float) -> None:
+        engine = self.engines[i]
+        out = engine.step(t)
+        if out.duration_s <= 0 and not out.events:
+            self._busy[i] = False
+            self._current[i] = self._snapshot(engine)
+            return
+        self._busy[i] = True
+        heapq.heappush(self._heap, (t + out.duration_s, next(self._tick), "step", (i, out, self._snapshot(engine))))
+
+    def _arrive(self, t: float, req: VirtualRequest, index: int, sent_s: float) -> None:
+        rid = req.request_id or f"req-{index}"
+        i = least_outstanding([e.num_outstanding for e in self.engines])
+        ids = prompt_ids_for(req, index)
+        max_tokens = req.max_tokens or req.output_len
+        eos_after = None if req.ignore_eos else req.output_len
+        self.engines[i].add_request(rid, ids, max_tokens, min_tokens=req.min_tokens,
+                                    ignore_eos=req.ignore_eos, eos_after=eos_after, arrival_time=t,
+                                    spec_acceptance=req.spec_acceptance)
+        rec = RequestRecord(rid, req.class_name, i, sent_s, len(ids), max_tokens)
+        self._live[rid] = rec
+        self.records.append(rec)
+        if not self._busy[i]:
+            self._start_step(i, t)
+        # A request that waits for a busy engine shows up in the gauges at that step's end.
+
+    def _step_done(self, t: float, i: int, out: StepOutput, snapshot: tuple) -> None:
+        self._current[i] = snapshot
+        client_t = t + self.frontend_out_s
+        live = self._live
+        for ev in out.events:
+            rec = live[ev.request_id]
+            if rec.first_token_s is None:
+                rec.first_token_s = client_t
+            rec.chunk_times.append(client_t)
+            rec.chunk_tokens.append(ev.new_tokens)
+            rec.output_tokens += ev.new_tokens
+        for seq in out.finished:
+            rec = live.pop(seq.request_id)
+            rec.end_s = client_t
+            rec.finish_reason = seq.finish_reason
+            rec.cached_tokens = max(0, seq.num_cached_tokens)
+            rec.num_preemptions = seq.num_preemptions
+            rec.queue_s = seq.first_scheduled_time - seq.arrival_time
+            if self.on_finish is not None:
+                self.on_finish(rec, client_t)
+        if self.engines[i].has_unfinished():
+            self._start_step(i, t)
+        else:
+            self._busy[i] = False
+
+    def _sample(self, t: float) -> None:
+        for i in range(len(self.engines)):
+            self.samples.append(StatSample(t, i, *self._current[i]))
+
+    def run(self, until_s: float | None = None) -> VirtualResult:
+        """Process events until none are left (or ``until_s``; in-flight work is then cut off)."""
+        heap = self._heap
+        next_sample = 0.0 if self.sample_interval_s > 0 else float("inf")
+        while heap:
+            t = heap[0][0]
+            if until_s is not None and t > until_s:
+                break
+            while next_sample <= t:
+                self._sample(next_sample)
+                next_sample += self.sample_interval_s
+            _, _, kind, payload = heapq.heappop(heap)
+            self.now = t
+            if kind == "step":
+                self._step_done(t, *payload)
+            else:
+                self._arrive(t, *payload)
+        end = self.now if until_s is None else max(self.now, until_s)
+        while next_sample <= end:
+            self._sample(next_sample)
+            next_sample += self.sample_interval_s
+        if self.sample_interval_s > 0 and (not self.samples or self.samples[-1].t < end):
+            self._sample(end)  # the final state, off the regular grid
+        return VirtualResult(self.records, self.samples, end, self.engines)
+
+
+def run_open_loop(engines: list[Engine], requests: Iterable[VirtualRequest], until_s: float | None = None,
+                  sample_interval_s: float = 1.0, **frontend) -> VirtualResult:
+    runner = VirtualRunner(engines, sample_interval_s, **frontend)
+    for req in requests:
+        runner.submit(req, req.arrival_s)
+    return runner.run(until_s)
+
+
+def run_closed_loop(engines: list[Engine], users: int, requests: Iterator[VirtualRequest] | Callable[[int], VirtualRequest],
+                    duration_s: float, think_time_s: float = 0.0, ramp_s: float = 0.0, drain: bool = False,
+                    sample_interval_s: float = 1.0, **frontend) -> VirtualResult:
+    """``users`` clients each send a request, wait for it to finish, think, and send the next,
+    until ``duration_s``. ``requests`` yields the requests in order (shared by all users) or maps a
+    running index to one. With ``drain`` the run continues until in-flight requests finish."""
+    runner = VirtualRunner(engines, sample_interval_s, **frontend)
+    if callable(requests):
+        counter = itertools.count()
+        next_request = lambda: requests(next(counter))  # noqa: E731
+    else:
+        it = iter(requests)
+        next_request = lambda: next(it, None)  # noqa: E731
+
+    def send(at: float) -> None:
+        if at >= duration_s:
+            return
+        req = next_request()
+        if req is not None:
+            runner.submit(req, at)
+
+    runner.on_finish = lambda rec, t: send(t + think_time_s)
+    for u in range(users):
+        send(ramp_s * u / users if users else 0.0)
+    return runner.run(None if drain else duration_s)

@@ -1,0 +1,282 @@
+"""Everything the simulated engine needs, decided the way vLLM decides it at start-up.
+
+``build_engine_config(hardware, model, serve_args)`` applies vLLM's per-GPU batch defaults, picks
+the quantization kernel path (native FP8 W8A8, FP8 weight-only Marlin below cc 8.9, W4A16 Marlin
+for GPTQ/AWQ checkpoints, the slow kernels when ``--quantization awq|gptq`` is forced) and reads
+``--speculative-config``. It records vLLM's log lines for those decisions in ``log_lines``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from servelab.errors import ServelabError
+from servelab.specs.hardware import GIB, HardwareSpec, load_hardware
+from servelab.specs.models import ModelSpec, load_model
+from servelab.specs.serve_args import ServeArgs, parse_serve_args
+
+FP8_MARLIN_WARNING = (
+    "Your GPU does not have native support for FP8 computation but FP8 quantization is being used. "
+    "Weight-only FP8 compression will be used leveraging the Marlin kernel. This may degrade "
+    "performance for compute-heavy workloads."
+)
+CUSTOM_AR_WARNING = (
+    "Custom allreduce is disabled because your platform lacks GPU P2P capability or P2P test failed. "
+    "To silence this warning, specify disable_custom_all_reduce=True explicitly."
+)
+W4_BYTES_PER_PARAM = 0.516  # 4-bit weights plus fp16 group scales (group 128) and zero points
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Roofline efficiencies and fixed costs (docs/simulator.md explains and calibrates them)."""
+    eta_bw: float = 0.75            # achieved / peak memory bandwidth for weight and KV streaming
+    eta_compute: float = 0.65       # achieved / peak tensor FLOPS in GEMMs
+    eta_attn: float = 0.5           # achieved / peak FLOPS in attention
+    t_cpu_s: float = 0.0008         # scheduler, input prep, sampling, output processing per step
+    t_layer_s: float = 10e-6        # norms, rope, activation, kernel tails per layer per step (CUDA graphs)
+    eager_layer_s: float = 45e-6    # extra launch cost per layer per step with --enforce-eager
+    t_prefill_req_s: float = 30e-6  # per prefill chunk in the batch (metadata, no CUDA graph)
+    t_seq_s: float = 8e-6           # per request in the batch (scheduling, input prep, detokenizing)
+    t_draft_pass_s: float = 60e-6   # per draft-model pass (proposal bookkeeping, sampling)
+    t_ngram_seq_s: float = 4e-6     # n-gram prompt lookup per request (CPU)
+    t_tp_step_s: float = 300e-6     # TP > 1: broadcasting each step's inputs to the worker processes
+    alpha_ar_custom_s: float = 10e-6  # one all-reduce, NVLink with vLLM's custom all-reduce
+    alpha_ar_nccl_s: float = 40e-6    # NVLink with NCCL (custom AR disabled)
+    alpha_ar_pcie_s: float = 55e-6    # PCIe through NCCL
+    act_quant_overhead: float = 0.03  # dynamic per-token activation quantization for W8A8
+
+
+@dataclass(frozen=True)
+class QuantPath:
+    """How the linear layers run."""
+    name: str                      # bf16 | fp8-w8a8 | fp8-w8a16-marlin | w4a16-marlin | awq-gemm | gptq-exllama
+    method: str | None             # vLLM's quantization name (None for unquantized)
+    weight_bytes_per_param: float  # quantizable linear layers; embeddings and lm_head stay 16-bit
+    gemm_tflops: float             # peak of the precision the GEMMs actually run at
+    gemm_penalty: float            # kernel efficiency vs a BF16 cuBLAS GEMM (q_pen)
+    bw_penalty: float = 1.0        # weight-streaming efficiency vs cuBLAS BF16 at small batch: the
+                                   # quantized kernels (scaled-mm epilogues, dequantization) reach
+                                   # ~90% of it; the non-Marlin AWQ/GPTQ kernels far less
+    act_quant: bool = False
+    kernel: str = ""
+
+
+@dataclass(frozen=True)
+class SpecDecodeConfig:
+    method: str                       # ngram | draft_model | eagle | eagle3
+    num_speculative_tokens: int
+    draft: ModelSpec | None           # draft_model: its config; eagle: a one-layer head synthesized
+    draft_quant: QuantPath | None
+    acceptance: tuple[float, ...]     # conditional acceptance probability per position
+    ngram_match_prob: float = 1.0     # ngram: chance the prompt lookup finds a match in a step
+    raw: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    hardware: HardwareSpec
+    model: ModelSpec
+    served_model_names: tuple[str, ...]
+    quant: QuantPath
+    tensor_parallel_size: int
+    data_parallel_size: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    gpu_memory_utilization: float
+    block_size: int
+    enable_prefix_caching: bool
+    kv_cache_dtype: str
+    kv_dtype_bytes: float
+    enforce_eager: bool
+    custom_all_reduce: bool
+    speculative: SpecDecodeConfig | None
+    cost: CostParams
+    serve_args: ServeArgs
+    log_lines: tuple[str, ...]        # vLLM's log lines for the decisions above (warnings included)
+    warnings: tuple[str, ...]
+
+    @property
+    def served_model_name(self) -> str:
+        return self.served_model_names[0]
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        return 0 if self.speculative is None else self.speculative.num_speculative_tokens
+
+    def with_cost(self, **changes) -> "EngineConfig":
+        """A copy with cost parameters changed (calibration, what-if runs)."""
+        return replace(self, cost=replace(self.cost, **changes))
+
+
+def batch_defaults(hw: HardwareSpec) -> tuple[int, int]:
+    """vLLM's get_batch_defaults for the OpenAI API server: (max_num_batched_tokens, max_num_seqs)."""
+    names = " ".join((hw.name,) + hw.nvidia_smi_names).lower()
+    if hw.memory_bytes >= 70 * GIB and "a100" not in names:
+        return 8192, 1024
+    return 2048, 256
+
+
+_COMPATIBLE = {"gptq": {"gptq", "gptq_marlin", "marlin"}, "awq": {"awq", "awq_marlin"},
+               "fp8": {"fp8"}, "compressed-tensors": {"compressed-tensors"}}
+
+
+def choose_quant_path(hw: HardwareSpec, model: ModelSpec, requested: str | None) -> tuple[QuantPath, list[str], list[str]]:
+    """Returns (path, log lines, warnings) following vLLM's kernel selection."""
+    ckpt = model.quant_method
+    logs: list[str] = []
+    warns: list[str] = []
+    if ckpt and requested and requested not in _COMPATIBLE.get(ckpt, {ckpt}):
+        raise ServelabError(
+            f"Quantization method specified in the model config ({ckpt}) does not match the "
+            f"quantization method specified in the `quantization` argument ({requested}). "
+            f"(model {model.hf_id}: drop --quantization or pick a checkpoint quantized with {requested})"
+        )
+    method = requested or ckpt
+    bf16 = hw.tflops_bf16
+    if method is None:
+        return QuantPath("bf16", None, 2.0, bf16, 1.0, kernel="cuBLAS BF16"), logs, warns
+    if method == "fp8":
+        if hw.native_fp8:
+            logs.append("Selected CutlassFP8ScaledMMLinearKernel for Fp8LinearMethod")
+            return QuantPath("fp8-w8a8", "fp8", 1.0, hw.tflops_fp8, 1.0, bw_penalty=0.9, act_quant=True,
+                             kernel="CutlassFP8ScaledMMLinearKernel"), logs, warns
+        logs.append("Selected MarlinFP8ScaledMMLinearKernel for Fp8LinearMethod")
+        warns.append(FP8_MARLIN_WARNING)
+        return QuantPath("fp8-w8a16-marlin", "fp8", 1.0, bf16, 0.85, bw_penalty=0.9,
+                         kernel="MarlinFP8ScaledMMLinearKernel"), logs, warns
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "marlin"):
+        if ckpt not in ("gptq", "awq"):
+            raise ServelabError(
+                f"Cannot find the config file for {method} (model {model.hf_id} is not a {method} "
+                f"checkpoint; use a pre-quantized model such as Qwen/Qwen2.5-7B-Instruct-AWQ)"
+            )
+        bits = int(model.quantization_config.get("bits", 4))
+        if bits != 4:
+            raise ServelabError(f"{model.hf_id}: quantization_config.bits: found {bits}; the simulator models 4-bit only")
+        if requested in ("awq", "gptq"):
+            marlin = f"{requested}_marlin"
+            logs.append(
+                f"Detected that the model can run with {marlin}, however you specified "
+                f"quantization={requested} explicitly, so forcing {requested}. Use "
+                f"quantization={marlin} for faster inference"
+            )
+            if requested == "awq":
+                return QuantPath("awq-gemm", "awq", W4_BYTES_PER_PARAM, bf16, 0.35, bw_penalty=0.5,
+                                 kernel="AWQ GEMM"), logs, warns
+            return QuantPath("gptq-exllama", "gptq", W4_BYTES_PER_PARAM, bf16, 0.5, bw_penalty=0.7,
+                             kernel="ExllamaLinearKernel"), logs, warns
+        marlin = f"{ckpt}_marlin"
+        logs.append(f"The model is convertible to {marlin} during runtime. Using {marlin} kernel.")
+        return QuantPath("w4a16-marlin", marlin, W4_BYTES_PER_PARAM, bf16, 0.85, bw_penalty=0.9,
+                         kernel="MarlinLinearKernel"), logs, warns
+    raise ServelabError(f"--quantization {method}: not simulated; use fp8, awq, gptq (or their _marlin forms)")
+
+
+# Conditional per-position acceptance defaults. EAGLE: vllm PR #24344 measured 0.77/0.45/0.24
+# unconditional for k=3, i.e. 0.77, 0.58, 0.53 conditional.
+_EAGLE_ACCEPT = (0.77, 0.584, 0.533)
+
+
+def default_acceptance(method: str, k: int) -> tuple[float, ...]:
+    if method in ("eagle", "eagle3"):
+        return tuple(_EAGLE_ACCEPT[i] if i < len(_EAGLE_ACCEPT) else 0.5 for i in range(k))
+    if method == "ngram":
+        return tuple(0.7 * 0.95 ** i for i in range(k))
+    return tuple(0.75 * 0.96 ** i for i in range(k))  # small draft model of the same family
+
+
+def _eagle_head(target: ModelSpec, method: str) -> ModelSpec:
+    """EAGLE's draft is one decoder layer of the target's width; EAGLE-3 has its own 32k-vocab head."""
+    cfg = dict(target.config, num_hidden_layers=1, quantization_config=None)
+    if method == "eagle3":
+        cfg["vocab_size"] = 32000
+    from servelab.specs.models import model_from_config
+    return model_from_config(f"{target.hf_id}#{method}-head", cfg, "synthesized")
+
+
+def parse_speculative(spec: dict, hw: HardwareSpec, target: ModelSpec) -> SpecDecodeConfig:
+    method = spec.get("method")
+    model_name = spec.get("model")
+    if method is None:
+        if model_name is None:
+            raise ServelabError("--speculative-config: give \"method\" (ngram, draft_model, eagle, eagle3) or \"model\"")
+        method = "eagle3" if "eagle3" in model_name.lower() else "eagle" if "eagle" in model_name.lower() else "draft_model"
+    if method == "[ngram]":
+        method = "ngram"
+    if method not in ("ngram", "draft_model", "eagle", "eagle3"):
+        raise ServelabError(f"--speculative-config: method: found {method!r}; simulated: ngram, draft_model, eagle, eagle3")
+    k = spec.get("num_speculative_tokens")
+    if not isinstance(k, int) or k < 1:
+        raise ServelabError("--speculative-config: num_speculative_tokens: expected a positive integer")
+    draft = None
+    draft_quant = None
+    if method == "draft_model":
+        if not model_name:
+            raise ServelabError("--speculative-config: method draft_model needs \"model\", e.g. Qwen/Qwen2.5-0.5B-Instruct")
+        draft = load_model(model_name)
+        draft_quant, _, _ = choose_quant_path(hw, draft, spec.get("quantization"))
+    elif method in ("eagle", "eagle3"):
+        draft = _eagle_head(target, method)
+        draft_quant = QuantPath("bf16", None, 2.0, hw.tflops_bf16, 1.0, kernel="cuBLAS BF16")
+    match = 1.0
+    if method == "ngram":
+        # Chat text repeats the prompt less often than code edits; a lookup finds a match in about
+        # four steps of ten (vllm PR #24344: 15% of code-edit tokens got no draft).
+        match = 0.4
+    return SpecDecodeConfig(method, k, draft, draft_quant, default_acceptance(method, k), match, dict(spec))
+
+
+def build_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec,
+                        serve_args: list[str] | tuple[str, ...] | ServeArgs | None = None,
+                        cost: CostParams | None = None) -> EngineConfig:
+    hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+    args = serve_args if isinstance(serve_args, ServeArgs) else parse_serve_args(list(serve_args or []))
+    if isinstance(model, ModelSpec):
+        spec = model
+    else:
+        if args.model and not model:
+            model = args.model
+        spec = load_model(model)
+    tp = args.tensor_parallel_size
+    if spec.num_heads % tp:
+        raise ServelabError(
+            f"Total number of attention heads ({spec.num_heads}) must be divisible by tensor "
+            f"parallel size ({tp}). (model {spec.hf_id}; pick another --tensor-parallel-size)"
+        )
+    quant, logs, warns = choose_quant_path(hw, spec, args.quantization)
+    logs = list(logs)
+    if args.max_model_len is not None and args.max_model_len > spec.max_position_embeddings:
+        raise ServelabError(
+            f"User-specified max_model_len ({args.max_model_len}) is greater than the derived "
+            f"max_model_len (max_position_embeddings={spec.max_position_embeddings} or "
+            f"model_max_length=None in model's config.json). This may lead to incorrect model outputs "
+            f"or CUDA errors. To allow overriding this maximum, set the env var "
+            f"VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+        )
+    default_tokens, default_seqs = batch_defaults(hw)
+    max_model_len = args.max_model_len or spec.max_position_embeddings
+    max_tokens = args.max_num_batched_tokens or default_tokens
+    max_seqs = args.max_num_seqs or default_seqs
+    if max_tokens < max_seqs:
+        raise ServelabError(
+            f"max_num_batched_tokens ({max_tokens}) must be greater than or equal to max_num_seqs "
+            f"({max_seqs}). (raise --max-num-batched-tokens or lower --max-num-seqs)"
+        )
+    custom_ar = tp > 1 and hw.link_type == "nvlink" and not args.disable_custom_all_reduce
+    if tp > 1 and hw.link_type == "pcie" and not args.disable_custom_all_reduce:
+        warns.append(CUSTOM_AR_WARNING)
+    kv_dtype = args.kv_cache_dtype
+    kv_bytes = 1.0 if kv_dtype.startswith("fp8") else 2.0
+    speculative = parse_speculative(args.speculative_config, hw, spec) if args.speculative_config else None
+    names = tuple(args.served_model_name) or (spec.hf_id,)
+    return EngineConfig(
+        hardware=hw, model=spec, served_model_names=names, quant=quant,
+        tensor_parallel_size=tp, data_parallel_size=args.data_parallel_size,
+        max_num_seqs=max_seqs, max_num_batched_tokens=max_tokens, max_model_len=max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
+        enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=kv_dtype,
+        kv_dtype_bytes=kv_bytes, enforce_eager=args.enforce_eager, custom_all_reduce=custom_ar,
+        speculative=speculative, cost=cost or CostParams(), serve_args=args,
+        log_lines=tuple(logs + [f"WARNING {w}" for w in warns]), warnings=tuple(warns),
+    )

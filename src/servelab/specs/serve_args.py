@@ -1,0 +1,189 @@
+"""Parse ``vllm serve`` flags, spelled as vLLM spells them, into a plain dataclass.
+
+Flags that change the simulation are parsed; flags that only touch logging, networking or file
+locations are accepted and recorded in ``ServeArgs.ignored``; anything else is an error naming the
+flag, so a variant never silently means something different in the simulator than on a GPU.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from servelab.errors import ServelabError
+
+QUANTIZATIONS = ("fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "marlin", "compressed-tensors")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
+
+# Flags that do not change step timing or capacity. name -> takes a value
+NO_EFFECT_FLAGS = {
+    "--host": True, "--port": True, "--uvicorn-log-level": True, "--api-key": True,
+    "--download-dir": True, "--tokenizer": True, "--chat-template": True, "--revision": True,
+    "--tokenizer-mode": True, "--load-format": True, "--config-format": True, "--seed": True,
+    "--trust-remote-code": False, "--disable-log-requests": False, "--disable-log-stats": False,
+    "--enable-log-requests": False, "--disable-uvicorn-access-log": False,
+    "--enable-chunked-prefill": False,  # always on in the V1 engine
+    "--no-enable-chunked-prefill": False,
+    "--swap-space": True,  # V1 preempts by recompute; no CPU swap
+    "--enable-force-include-usage": False, "--enable-prompt-tokens-details": False,
+    "--enable-auto-tool-choice": False, "--tool-call-parser": True, "--reasoning-parser": True,
+    "--generation-config": True, "--max-log-len": True,
+}
+DOCUMENTED_NO_EFFECT = sorted(NO_EFFECT_FLAGS)
+
+_ALIASES = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size", "-q": "--quantization",
+            "-pp": "--pipeline-parallel-size"}
+
+
+@dataclass
+class ServeArgs:
+    """None means "vLLM's default for this GPU and model" (decided by ``build_engine_config``)."""
+    model: str | None = None
+    quantization: str | None = None
+    speculative_config: dict | None = None
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    served_model_name: list[str] = field(default_factory=list)
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
+    enforce_eager: bool = False
+    disable_custom_all_reduce: bool = False
+    dtype: str = "auto"
+    enable_prompt_tokens_details: bool = False
+    ignored: list[str] = field(default_factory=list)  # accepted flags that do not affect timing
+    argv: list[str] = field(default_factory=list)
+
+
+def _int(flag: str, text: str) -> int:
+    t = text.strip().lower().replace("_", "")
+    mult = 1
+    if t and t[-1] in "km":  # vLLM accepts 32k / 1m for lengths
+        mult = 1000 if t[-1] == "k" else 1_000_000
+        t = t[:-1]
+    try:
+        value = int(t) * mult
+    except ValueError:
+        raise ServelabError(f"serve args: {flag}: found {text!r}; expected an integer") from None
+    if value <= 0:
+        raise ServelabError(f"serve args: {flag}: found {text!r}; expected a positive integer")
+    return value
+
+
+def _float(flag: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ServelabError(f"serve args: {flag}: found {text!r}; expected a number") from None
+
+
+def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
+    out = ServeArgs(argv=list(argv or []))
+    items = list(argv or [])
+    i = 0
+
+    def value_of(flag: str, inline: str | None) -> str:
+        nonlocal i
+        if inline is not None:
+            return inline
+        if i >= len(items) or (items[i].startswith("--") and flag != "--speculative-config"):
+            raise ServelabError(f"serve args: {flag} needs a value")
+        v = items[i]
+        i += 1
+        return v
+
+    while i < len(items):
+        raw = items[i]
+        i += 1
+        if not raw.startswith("-"):
+            if out.model is None and i == 1:  # `vllm serve MODEL ...`
+                out.model = raw
+                continue
+            raise ServelabError(f"serve args: unexpected value {raw!r}; flags look like --max-num-seqs 64")
+        flag, _, inline = raw.partition("=")
+        inline = inline if "=" in raw else None
+        flag = _ALIASES.get(flag, flag)
+        if flag == "--model":
+            out.model = value_of(flag, inline)
+        elif flag == "--quantization":
+            q = value_of(flag, inline).lower()
+            if q not in QUANTIZATIONS:
+                raise ServelabError(f"serve args: --quantization: found {q!r}; allowed {', '.join(QUANTIZATIONS)}")
+            out.quantization = q
+        elif flag == "--speculative-config":
+            text = value_of(flag, inline)
+            try:
+                spec = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ServelabError(f"serve args: --speculative-config: not valid JSON ({exc}); "
+                                    "e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":5}'") from None
+            if not isinstance(spec, dict):
+                raise ServelabError("serve args: --speculative-config: expected a JSON object")
+            out.speculative_config = spec
+        elif flag == "--tensor-parallel-size":
+            out.tensor_parallel_size = _int(flag, value_of(flag, inline))
+        elif flag == "--data-parallel-size":
+            out.data_parallel_size = _int(flag, value_of(flag, inline))
+        elif flag == "--pipeline-parallel-size":
+            if _int(flag, value_of(flag, inline)) != 1:
+                raise ServelabError("serve args: --pipeline-parallel-size > 1 is not simulated; "
+                                    "use --tensor-parallel-size or --data-parallel-size")
+        elif flag == "--max-num-seqs":
+            out.max_num_seqs = _int(flag, value_of(flag, inline))
+        elif flag == "--max-num-batched-tokens":
+            out.max_num_batched_tokens = _int(flag, value_of(flag, inline))
+        elif flag == "--gpu-memory-utilization":
+            v = _float(flag, value_of(flag, inline))
+            if not 0 < v <= 1:
+                raise ServelabError(f"serve args: --gpu-memory-utilization: found {v}; allowed (0, 1]")
+            out.gpu_memory_utilization = v
+        elif flag == "--max-model-len":
+            out.max_model_len = _int(flag, value_of(flag, inline))
+        elif flag == "--enable-prefix-caching":
+            out.enable_prefix_caching = True
+        elif flag == "--no-enable-prefix-caching":
+            out.enable_prefix_caching = False
+        elif flag == "--served-model-name":
+            names = [value_of(flag, inline)] if inline is not None else []
+            while i < len(items) and not items[i].startswith("-"):
+                names.append(items[i])
+                i += 1
+            if not names:
+                raise ServelabError("serve args: --served-model-name needs a value")
+            out.served_model_name = names
+        elif flag == "--kv-cache-dtype":
+            v = value_of(flag, inline).lower()
+            if v not in KV_CACHE_DTYPES:
+                raise ServelabError(f"serve args: --kv-cache-dtype: found {v!r}; allowed {', '.join(KV_CACHE_DTYPES)}")
+            out.kv_cache_dtype = v
+        elif flag == "--block-size":
+            v = _int(flag, value_of(flag, inline))
+            if v not in (8, 16, 32, 64, 128):
+                raise ServelabError(f"serve args: --block-size: found {v}; allowed 8, 16, 32, 64, 128")
+            out.block_size = v
+        elif flag == "--enforce-eager":
+            out.enforce_eager = True
+        elif flag == "--disable-custom-all-reduce":
+            out.disable_custom_all_reduce = True
+        elif flag == "--dtype":
+            out.dtype = value_of(flag, inline).lower()
+        elif flag in NO_EFFECT_FLAGS:
+            if flag == "--enable-prompt-tokens-details":
+                out.enable_prompt_tokens_details = True
+            if NO_EFFECT_FLAGS[flag]:
+                out.ignored.append(f"{flag}={value_of(flag, inline)}")
+            else:
+                out.ignored.append(flag)
+        else:
+            raise ServelabError(
+                f"serve args: unknown or unsimulated vLLM flag {flag!r}; simulated flags: --quantization, "
+                "--speculative-config, --tensor-parallel-size, --data-parallel-size, --max-num-seqs, "
+                "--max-num-batched-tokens, --gpu-memory-utilization, --max-model-len, "
+                "--[no-]enable-prefix-caching, --served-model-name, --kv-cache-dtype, --block-size, "
+                "--enforce-eager, --disable-custom-all-reduce, --dtype; accepted without effect: "
+                + ", ".join(DOCUMENTED_NO_EFFECT)
+            )
+    return out

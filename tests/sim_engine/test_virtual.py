@@ -1,0 +1,95 @@
+"""The virtual-time runner: open and closed loops, client-side records, engine samples, DP."""
+import pytest
+
+from servelab.sim import build_engine_config, make_engines
+from servelab.sim.virtual import (
+    VirtualRequest,
+    percentile,
+    prompt_ids_for,
+    run_closed_loop,
+    run_open_loop,
+)
+
+QWEN = "Qwen/Qwen2.5-7B-Instruct"
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return build_engine_config("L40S", QWEN, ["--max-model-len", "4096"])
+
+
+def test_open_loop_records_every_chunk(cfg):
+    reqs = [VirtualRequest(prompt_len=200, output_len=20, arrival_s=0.5 * i) for i in range(6)]
+    res = run_open_loop(make_engines(cfg), reqs, sample_interval_s=0.1)
+    assert len(res.records) == 6
+    for i, r in enumerate(res.records):
+        assert r.sent_s == 0.5 * i
+        assert r.output_tokens == sum(r.chunk_tokens) == 20 and len(r.chunk_times) == 20
+        assert r.finish_reason == "length" and r.prompt_tokens == 200
+        assert r.sent_s < r.first_token_s == r.chunk_times[0] <= r.end_s == r.chunk_times[-1]
+        assert r.chunk_times == sorted(r.chunk_times)
+        assert r.ttft > 0.002 and r.tpot == pytest.approx((r.end_s - r.first_token_s) / 19)
+        assert len(r.itls) == 19 and r.queue_s >= 0
+    # Sampled gauges: something ran, and everything drained by the end.
+    assert max(s.num_running for s in res.samples) >= 1
+    assert res.samples[-1].generation_tokens_total == 120
+    assert [s.t for s in res.samples[:3]] == pytest.approx([0.0, 0.1, 0.2])
+
+
+def test_eos_and_output_length(cfg):
+    reqs = [VirtualRequest(prompt_len=50, output_len=7, ignore_eos=False, max_tokens=100)]
+    r = run_open_loop(make_engines(cfg), reqs).records[0]
+    assert (r.output_tokens, r.finish_reason, r.max_tokens) == (7, "stop", 100)
+
+
+def test_closed_loop_keeps_users_busy_and_stops_sending_at_the_end(cfg):
+    res = run_closed_loop(make_engines(cfg), 4, lambda i: VirtualRequest(prompt_len=100, output_len=10),
+                          duration_s=5.0, drain=True)
+    assert all(r.sent_s < 5.0 for r in res.records)
+    assert all(r.end_s is not None for r in res.records)
+    # Each user sends its next request as soon as the previous one ends (think time 0).
+    ends = sorted(r.end_s for r in res.records)
+    sends = sorted(r.sent_s for r in res.records)[4:]
+    assert sends == pytest.approx(ends[:len(sends)])
+    running = [s.num_running for s in res.samples if 1.0 <= s.t < 4.5]
+    assert min(running) >= 3
+
+
+def test_closed_loop_from_an_iterator_ends_when_it_runs_out(cfg):
+    reqs = iter([VirtualRequest(prompt_len=64, output_len=4) for _ in range(9)])
+    res = run_closed_loop(make_engines(cfg), 3, reqs, duration_s=100.0, drain=True)
+    assert len(res.records) == 9 and res.end_s < 5
+
+
+def test_prefix_groups_share_ids_and_nothing_else():
+    a = prompt_ids_for(VirtualRequest(prompt_len=100, output_len=1, prefix_group="sys", prefix_len=60), 0)
+    b = prompt_ids_for(VirtualRequest(prompt_len=80, output_len=1, prefix_group="sys", prefix_len=60), 1)
+    c = prompt_ids_for(VirtualRequest(prompt_len=100, output_len=1, prefix_group="other", prefix_len=60), 2)
+    d = prompt_ids_for(VirtualRequest(prompt_len=100, output_len=1), 3)
+    assert len(a) == 100 and len(b) == 80
+    assert a[:60] == b[:60] and a[60] != b[60]
+    assert not set(a) & set(c) and not set(a) & set(d)
+    explicit = prompt_ids_for(VirtualRequest(prompt_len=3, output_len=1, prompt_token_ids=[5, 6, 7]), 4)
+    assert list(explicit) == [5, 6, 7]
+
+
+def test_two_engines_share_the_load(cfg):
+    dp = build_engine_config("L40S", QWEN, ["--max-model-len", "4096", "-dp", "2"])
+    reqs = [VirtualRequest(prompt_len=300, output_len=50, arrival_s=0.01 * i) for i in range(40)]
+    res = run_open_loop(make_engines(dp, seed=1), reqs)
+    per_engine = [sum(1 for r in res.records if r.engine_index == i) for i in (0, 1)]
+    assert per_engine == [20, 20]
+    assert {s.engine_index for s in res.samples} == {0, 1}
+    one = run_open_loop(make_engines(cfg, seed=1), reqs)
+    assert res.end_s < one.end_s
+
+
+def test_until_cuts_the_run(cfg):
+    reqs = [VirtualRequest(prompt_len=100, output_len=2000, arrival_s=0.0)]
+    res = run_open_loop(make_engines(cfg), reqs, until_s=1.0)
+    assert res.end_s == 1.0 and res.records[0].end_s is None and res.records[0].output_tokens > 10
+
+
+def test_percentile_matches_numpy_linear():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([1, 2, 3, 4], 100) == 4 and percentile([7], 99) == 7
