@@ -1,0 +1,33 @@
+"""Shared helpers for the traffic-profile tests."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from servelab.paths import DATA_DIR
+
+TOKENIZER_JSON = DATA_DIR / "tokenizer.json"
+REPO = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((REPO / "traffic_profiles").glob("*.yaml"))
+AZURE_REFERENCE = (REPO.parent / "shared" / "reference" / "traces"
+                   / "AzureLLMInferenceTrace_conv.csv")
+
+
+@pytest.fixture
+def write_profile(tmp_path):
+    """Write a YAML profile (dedented) into tmp_path and return its path."""
+    def write(text: str, name: str = "profile.yaml") -> Path:
+        path = tmp_path / name
+        path.write_text(textwrap.dedent(text).lstrip("\n"), encoding="utf-8")
+        return path
+    return write
+
+
+@pytest.fixture(scope="session")
+def tokenizer_counter():
+    """One local-tokenizer counter for the whole session (encoding a corpus costs ~0.5 s)."""
+    from servelab.profiles.tokens import TokenizerCounter
+
+    return TokenizerCounter(TOKENIZER_JSON)
