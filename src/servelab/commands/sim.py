@@ -1,0 +1,147 @@
+"""``servelab sim``: the simulated vLLM server (OpenAI API, vLLM's metrics, no GPU).
+
+Any flag ``servelab sim`` does not know is handed to the vLLM serve-args parser, so a variant's
+``vllm serve`` flags work unchanged: ``servelab sim --model Qwen/Qwen3-14B-AWQ --max-num-seqs 64``.
+"""
+from __future__ import annotations
+
+import sys
+
+EPILOG = """\
+vLLM serve flags (passed through): --quantization, --speculative-config, --tensor-parallel-size,
+--data-parallel-size, --max-num-seqs, --max-num-batched-tokens, --gpu-memory-utilization,
+--max-model-len, --[no-]enable-prefix-caching, --served-model-name, --kv-cache-dtype, ...
+
+--faults grammar: KIND=RATE[,KIND=RATE...], RATE a probability per request; kinds http429,
+http500, http503, stall=RATE:DURATION (e.g. stall=0.02:2.5s), cut, malformed, error_event.
+Example: --faults "http429=0.05,http500=0.02,stall=0.02:2.5s,cut=0.03,malformed=0.02"
+"""
+
+
+def register(sub) -> None:
+    import argparse
+
+    p = sub.add_parser(
+        "sim", help="serve a simulated vLLM (OpenAI API, vLLM metrics) on a chosen GPU and model",
+        description="A step-level simulation of vLLM's engine behind vLLM's OpenAI-compatible "
+        "API, in real time. Unknown flags are vLLM serve flags.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    p.add_argument("--hardware", help="GPU name from servers/hardware/ (default L40S)")
+    p.add_argument("--model", help="Hugging Face id from servers/models/ "
+                   "(default Qwen/Qwen2.5-7B-Instruct)")
+    p.add_argument("--variant", help="a servers/variants name or YAML file: its model, serve "
+                   "args and instance count (flags given here are applied after it)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    p.add_argument("--seed", type=int, default=0, help="engine randomness, faults, sampling")
+    p.add_argument("--faults", help="fault injection spec (see below)")
+    p.add_argument("--instances", type=int, help="independent engines behind the server's "
+                   "least-outstanding-requests balancing (default 1, or the variant's)")
+    p.add_argument("--output-divergence", type=float, metavar="P",
+                   help="probability per output token that the text departs from the BF16 "
+                   "baseline (default by precision: bf16 0, fp8 0.002, int4 0.005)")
+    p.add_argument("--ready-file", help="write the server's URL to this file once listening")
+    p.add_argument("--timer-guard-ms", type=float, default=1.0, metavar="MS",
+                   help="wake this long before each step's end and yield until it passes: "
+                   "sub-millisecond delivery for a little CPU (0: plain timers, ~1 ms jitter)")
+    p.add_argument("--log-stats-interval", type=float, default=5.0, metavar="S",
+                   help="seconds between vLLM-style engine stats lines (0: off)")
+    p.set_defaults(func=run, accepts_extra=True)
+
+
+def _vllm_error_line(message: str) -> str:
+    # vLLM dies with a traceback ending in the exception; the OOM message already names its type.
+    return message if message.startswith("torch.") else f"ValueError: {message}"
+
+
+def run(args) -> int:
+    import asyncio
+    import gc
+    import os
+    import signal
+    import time
+
+    from servelab.sim.faults import parse_faults
+    from servelab.sim.kv_sizing import plan_kv_cache
+    from servelab.sim.server import SimServer, log_stats, new_event_loop, resolve_config
+
+    def log(line: str) -> None:
+        stamp = time.strftime("%m-%d %H:%M:%S")
+        if line.startswith("WARNING "):
+            print(f"WARNING {stamp} [servelab.sim] {line[8:]}", flush=True)
+        else:
+            print(f"INFO {stamp} [servelab.sim] {line}", flush=True)
+
+    if args.instances is not None and args.instances < 1:
+        print("servelab sim: --instances: must be at least 1", file=sys.stderr)
+        return 2
+    parse_faults(args.faults)  # a bad spec fails before anything starts
+    config, instances, salt = resolve_config(args.hardware, args.model, args.extra,
+                                             variant=args.variant, instances=args.instances)
+    log(f"servelab sim: {config.model.hf_id} on {config.hardware.name} "
+        f"(TP={config.tensor_parallel_size}, DP={config.data_parallel_size}, "
+        f"instances={instances}, kernel path {config.quant.name})")
+    plan = plan_kv_cache(config)
+    for line in plan.log_lines:
+        log(line)
+    if plan.errors:
+        print(_vllm_error_line(plan.errors[0]), file=sys.stderr, flush=True)
+        return 1
+    server = SimServer(config, seed=args.seed, faults=args.faults, instances=instances,
+                       output_divergence=args.output_divergence, divergence_salt=salt,
+                       guard_s=max(args.timer_guard_ms, 0.0) / 1000.0)
+
+    gc.freeze()  # start-up objects (corpus, tokenizer tables) stay out of later GC passes
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stats_task = None
+    try:
+        url = loop.run_until_complete(server.start(args.host, args.port))
+        log(f"Serving {', '.join(server.served.names)} at {url} (max_model_len "
+            f"{config.max_model_len}; {len(server.engines)} engine(s))")
+        if server.fault_plan.spec.enabled:
+            log(f"Fault injection: {args.faults}")
+        if args.ready_file:
+            tmp = f"{args.ready_file}.tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(url + "\n")
+            os.replace(tmp, args.ready_file)
+        if args.log_stats_interval > 0:
+            stats_task = loop.create_task(log_stats(server, args.log_stats_interval, log))
+        loop.run_until_complete(stop.wait())
+        log("Shutting down")
+    finally:
+        if stats_task is not None:
+            stats_task.cancel()
+        loop.run_until_complete(server.stop())
+        loop.close()
+        if args.ready_file and os.path.exists(args.ready_file):
+            os.remove(args.ready_file)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m servelab.commands.sim ...``: the same command without loading the whole CLI
+    (what a parent process such as the load generator spawns)."""
+    import argparse
+
+    from servelab.errors import ServelabError
+
+    parser = argparse.ArgumentParser(prog="servelab")
+    register(parser.add_subparsers(dest="command"))
+    args, extra = parser.parse_known_args(["sim", *(sys.argv[1:] if argv is None else argv)])
+    args.extra = extra
+    try:
+        return run(args)
+    except ServelabError as exc:
+        print(f"servelab sim: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,300 @@
+"""``/metrics``: vLLM's Prometheus names, types, labels and buckets, plus the simulator's own lag.
+
+Names and buckets follow vLLM's V1 ``loggers.py`` (``../shared/reference/vllm_behaviour.md``
+section 1). The hot path only bumps plain numbers (a histogram observation is one bisect); a
+custom collector turns them into metric families when ``/metrics`` is scraped, through the server's
+own ``CollectorRegistry``.
+
+Where each value comes from, as in vLLM:
+- the engine (``engine.stats``, read at scrape): running/waiting, KV usage, preemptions, prefix
+  cache queries and hits, speculative decoding counters;
+- the engine's step (per step): ``iteration_tokens_total``;
+- the frontend (this server, at delivery): prompt/generation token counters, request success,
+  TTFT/ITL/E2E (from arrival to delivery), and per request queue/prefill/decode/inference times
+  from the engine's scheduling timestamps.
+
+The simulator adds ``servelab:sim_lag_seconds`` (gauge, last step) and
+``servelab:sim_lag_max_seconds``, the histogram ``servelab:sim_step_lag_seconds`` (how late each
+step's tokens were delivered against the engine's schedule), ``servelab:sim_delivery_seconds`` (time
+spent writing one step's chunks) and counters ``servelab:sim_steps_total`` and
+``servelab:sim_lag_resyncs_total`` (times the schedule was re-anchored because lag passed
+``resync_after_s``). A p99 lag above a millisecond or two means the simulator, not the simulated
+GPU, is shaping the timings.
+"""
+from __future__ import annotations
+
+import time
+from bisect import bisect_left
+
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
+LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+               1.0, 2.5)
+FINISHED_REASONS = ("stop", "length", "abort")
+
+
+def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
+    """vLLM's build_1_2_5_buckets: 1, 2, 5, 10, 20, 50, ... up to ``max_value``."""
+    out, exponent = [], 0
+    while True:
+        for m in (1, 2, 5):
+            value = m * 10**exponent
+            if value > max_value:
+                return tuple(out)
+            out.append(value)
+        exponent += 1
+
+
+class Hist:
+    """A Prometheus histogram as plain numbers: per-bucket counts (last one is +Inf) and a sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds):
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def cumulative(self):
+        acc = 0
+        for bound, c in zip(self.bounds, self.counts):
+            acc += c
+            yield floatToGoString(bound), acc
+        yield "+Inf", acc + self.counts[-1]
+
+
+class EngineMetrics:
+    """What the frontend records for one engine (one ``engine`` label value)."""
+
+    def __init__(self, max_model_len: int):
+        tokens = buckets_1_2_5(max_model_len)
+        self.ttft = Hist(TTFT_BUCKETS)
+        self.itl = Hist(ITL_BUCKETS)
+        self.tpot = Hist(ITL_BUCKETS)
+        self.e2e = Hist(REQUEST_LATENCY_BUCKETS)
+        self.queue = Hist(REQUEST_LATENCY_BUCKETS)
+        self.inference = Hist(REQUEST_LATENCY_BUCKETS)
+        self.prefill = Hist(REQUEST_LATENCY_BUCKETS)
+        self.decode = Hist(REQUEST_LATENCY_BUCKETS)
+        self.prompt_tokens_hist = Hist(tokens)
+        self.generation_tokens_hist = Hist(tokens)
+        self.params_max_tokens = Hist(tokens)
+        self.max_num_generation_tokens = Hist(tokens)
+        self.prefill_kv_computed = Hist(tokens)
+        self.params_n = Hist(PARAMS_N_BUCKETS)
+        self.iteration_tokens = Hist(ITERATION_TOKENS_BUCKETS)
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = dict.fromkeys(FINISHED_REASONS, 0)
+        # the simulator's own health
+        self.lag = Hist(LAG_BUCKETS)
+        self.delivery = Hist(LAG_BUCKETS)
+        self.lag_last = 0.0
+        self.lag_max = 0.0
+        self.steps = 0
+        self.resyncs = 0
+
+    def observe_finished(self, *, arrival: float, first_token: float | None, last_token: float,
+                         num_prompt: int, num_output: int, num_cached: int, max_tokens: int,
+                         reason: str, scheduled: float | None, engine_first_token: float | None,
+                         engine_last_token: float | None) -> None:
+        """One finished request, as vLLM's output processor records it. Times in seconds on one
+        clock; ``scheduled`` / ``engine_*`` are the engine's timestamps (None if never run)."""
+        self.success[reason] = self.success.get(reason, 0) + 1
+        self.prompt_tokens_hist.observe(num_prompt)
+        self.generation_tokens_hist.observe(num_output)
+        self.params_max_tokens.observe(max_tokens)
+        self.max_num_generation_tokens.observe(max_tokens)
+        self.params_n.observe(1)
+        self.e2e.observe(last_token - arrival)
+        if scheduled is None or engine_first_token is None:
+            return
+        self.prefill_kv_computed.observe(max(num_prompt - max(num_cached, 0), 0))
+        self.queue.observe(max(scheduled - arrival, 0.0))
+        self.prefill.observe(engine_first_token - scheduled)
+        end = engine_last_token if engine_last_token is not None else engine_first_token
+        decode = end - engine_first_token
+        self.decode.observe(decode)
+        self.inference.observe(end - scheduled)
+        if num_output > 1:
+            self.tpot.observe(decode / (num_output - 1))
+
+
+def _labels(names, values) -> dict:
+    return dict(zip(names, values))
+
+
+class SimCollector(Collector):
+    """Builds the metric families from the engines' stats and the frontend's records."""
+
+    def __init__(self, model_name: str, engines, frontend: list[EngineMetrics],
+                 cache_info: dict[str, str], spec_k: int):
+        self.model_name = model_name
+        self.engines = engines
+        self.frontend = frontend
+        self.cache_info = cache_info
+        self.spec_k = spec_k
+        self.created = time.time()
+
+    def _base(self, i: int) -> dict:
+        return {"model_name": self.model_name, "engine": str(i)}
+
+    def _gauge(self, name, doc, values):
+        m = Metric(name, doc, "gauge")
+        for i, v in enumerate(values):
+            m.add_sample(name, self._base(i), float(v))
+        return m
+
+    def _counter(self, name, doc, values, extra=None):
+        """``values[i]`` is a number, or a dict {label value: number} for the ``extra`` label."""
+        m = Metric(name, doc, "counter")
+        for i, v in enumerate(values):
+            items = v.items() if extra else [(None, v)]
+            for key, value in items:
+                labels = self._base(i)
+                if extra:
+                    labels[extra] = str(key)
+                m.add_sample(name + "_total", labels, float(value))
+                m.add_sample(name + "_created", labels, self.created)
+        return m
+
+    def _hist(self, name, doc, hists):
+        m = Metric(name, doc, "histogram")
+        for i, h in enumerate(hists):
+            base = self._base(i)
+            for le, count in h.cumulative():
+                m.add_sample(name + "_bucket", {**base, "le": le}, float(count))
+            m.add_sample(name + "_count", base, float(h.count))
+            m.add_sample(name + "_sum", base, h.sum)
+            m.add_sample(name + "_created", base, self.created)
+        return m
+
+    def collect(self):
+        stats = [e.stats for e in self.engines]
+        fe = self.frontend
+        yield self._gauge("vllm:num_requests_running",
+                          "Number of requests in model execution batches.",
+                          [s.num_running for s in stats])
+        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                          [s.num_waiting for s in stats])
+        yield self._gauge("vllm:kv_cache_usage_perc",
+                          "KV-cache usage. 1 means 100 percent usage.", [s.kv_usage for s in stats])
+        yield self._counter("vllm:prefix_cache_queries",
+                            "Prefix cache queries, in terms of number of queried tokens.",
+                            [s.prefix_cache_queries_total for s in stats])
+        yield self._counter("vllm:prefix_cache_hits",
+                            "Prefix cache hits, in terms of number of cached tokens.",
+                            [s.prefix_cache_hits_total for s in stats])
+        yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                            [s.num_preemptions_total for s in stats])
+        yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                            [f.prompt_tokens for f in fe])
+        yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                            [f.generation_tokens for f in fe])
+        yield self._counter("vllm:request_success", "Count of successfully processed requests.",
+                            [f.success for f in fe], extra="finished_reason")
+        for name, doc, attr in (
+            ("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
+             "prompt_tokens_hist"),
+            ("vllm:request_generation_tokens", "Number of generation tokens processed.",
+             "generation_tokens_hist"),
+            ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+             "iteration_tokens"),
+            ("vllm:request_max_num_generation_tokens",
+             "Histogram of maximum number of requested generation tokens.",
+             "max_num_generation_tokens"),
+            ("vllm:request_params_n", "Histogram of the n request parameter.", "params_n"),
+            ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+             "params_max_tokens"),
+            ("vllm:request_prefill_kv_computed_tokens",
+             "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+             "prefill_kv_computed"),
+            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+             "ttft"),
+            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+             "itl"),
+            ("vllm:request_time_per_output_token_seconds",
+             "Histogram of time_per_output_token_seconds per request.", "tpot"),
+            ("vllm:e2e_request_latency_seconds",
+             "Histogram of e2e request latency in seconds.", "e2e"),
+            ("vllm:request_queue_time_seconds",
+             "Histogram of time spent in WAITING phase for request.", "queue"),
+            ("vllm:request_inference_time_seconds",
+             "Histogram of time spent in RUNNING phase for request.", "inference"),
+            ("vllm:request_prefill_time_seconds",
+             "Histogram of time spent in PREFILL phase for request.", "prefill"),
+            ("vllm:request_decode_time_seconds",
+             "Histogram of time spent in DECODE phase for request.", "decode"),
+        ):
+            yield self._hist(name, doc, [getattr(f, attr) for f in fe])
+
+        info = Metric("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", "gauge")
+        for i, s in enumerate(stats):
+            info.add_sample("vllm:cache_config_info",
+                            {**self.cache_info, "num_gpu_blocks": str(s.num_gpu_blocks),
+                             "engine": str(i)}, 1.0)
+        yield info
+
+        if self.spec_k:
+            yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+                                [s.spec_num_drafts_total for s in stats])
+            yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+                                [s.spec_num_draft_tokens_total for s in stats])
+            yield self._counter("vllm:spec_decode_num_accepted_tokens",
+                                "Number of accepted tokens.",
+                                [s.spec_num_accepted_tokens_total for s in stats])
+            yield self._counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                [{p: (s.spec_accepted_per_pos_total[p] if p < len(s.spec_accepted_per_pos_total)
+                      else 0) for p in range(self.spec_k)} for s in stats], extra="position")
+
+        yield self._gauge("servelab:sim_lag_seconds",
+                          "How late the last step's tokens were delivered against the engine's "
+                          "schedule.", [f.lag_last for f in fe])
+        yield self._gauge("servelab:sim_lag_max_seconds", "Largest step lag since start.",
+                          [f.lag_max for f in fe])
+        yield self._hist("servelab:sim_step_lag_seconds",
+                         "Per step: delivery time minus scheduled step end.", [f.lag for f in fe])
+        yield self._hist("servelab:sim_delivery_seconds",
+                         "Per step: time spent writing the step's chunks to the clients.",
+                         [f.delivery for f in fe])
+        yield self._counter("servelab:sim_steps", "Engine steps run in real time.",
+                            [f.steps for f in fe])
+        yield self._counter("servelab:sim_lag_resyncs",
+                            "Times the step schedule was re-anchored because lag passed the "
+                            "resync threshold.", [f.resyncs for f in fe])
+
+
+class MetricsExporter:
+    """The server's own registry: vLLM's families plus process and GC metrics, as vLLM has."""
+
+    def __init__(self, collector: SimCollector):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

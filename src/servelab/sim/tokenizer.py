@@ -1,0 +1,99 @@
+"""The simulator's tokenizer: servelab's own byte-level BPE (``data/tokenizer.json``).
+
+It stands in for the served model's tokenizer. Counts are close to, not equal to, Qwen's or
+Llama's; what matters is that ``/tokenize``, ``usage`` and the engine all count with the same one.
+
+Chat prompts are rendered with a ChatML template (the one Qwen2.5 uses, without its default system
+message), so a chat request is counted as the model would see it::
+
+    <|im_start|>{role}\\n{content}<|im_end|>\\n ... <|im_start|>assistant\\n
+"""
+from __future__ import annotations
+
+import functools
+
+import orjson
+from tokenizers import Tokenizer
+
+from servelab.paths import DATA_DIR
+
+TOKENIZER_PATH = DATA_DIR / "tokenizer.json"
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+
+
+class ChatTemplateError(ValueError):
+    """A message list the template cannot render (the server answers 400)."""
+
+
+class SimTokenizer:
+    def __init__(self, path=TOKENIZER_PATH):
+        self._tok = Tokenizer.from_file(str(path))
+        self.vocab_size = self._tok.get_vocab_size()
+        self.endoftext_id = self._tok.token_to_id(ENDOFTEXT)
+        self.im_end_id = self._tok.token_to_id(IM_END)
+        self.special_ids = frozenset(
+            self._tok.token_to_id(t) for t in (ENDOFTEXT, IM_START, IM_END)
+        )
+        # Per-id text and its JSON-escaped form: the streaming hot path joins these instead of
+        # decoding and escaping every chunk. Special tokens read as "" (vLLM skips them).
+        texts = [self._tok.decode([i]) for i in range(self.vocab_size)]
+        for i in self.special_ids:
+            texts[i] = ""
+        self.token_text = texts
+        self.token_json = [orjson.dumps(t)[1:-1] for t in texts]
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self._tok.id_to_token(i)
+
+    def token_strs(self, ids) -> list[str]:
+        return [self._tok.id_to_token(i) for i in ids]
+
+
+def render_chat(messages, add_generation_prompt: bool = True) -> str:
+    """ChatML rendering of OpenAI-style messages; content may be a string or a list of parts."""
+    if not isinstance(messages, list) or not messages:
+        raise ChatTemplateError("'messages' must be a non-empty list")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise ChatTemplateError(f"messages[{i}] must be an object with a string 'role'")
+        out.append(f"{IM_START}{m['role']}\n{message_text(m.get('content'), i)}{IM_END}\n")
+    if add_generation_prompt:
+        out.append(f"{IM_START}assistant\n")
+    return "".join(out)
+
+
+def message_text(content, index: int = 0) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(
+                part.get("text"), str
+            ):
+                parts.append(part["text"])
+            else:
+                raise ChatTemplateError(
+                    f"messages[{index}].content: only text parts are supported by the simulator"
+                )
+        return "\n".join(parts)
+    raise ChatTemplateError(f"messages[{index}].content must be a string or a list of text parts")
+
+
+@functools.lru_cache(maxsize=1)
+def get_tokenizer() -> SimTokenizer:
+    return SimTokenizer()
