@@ -1,0 +1,32 @@
+-- itl_chunks: the CHUNK view of inter-token latency, one row per gap between consecutive content
+-- chunks of a request (chunk_index >= 2; the same rows as chunk_arrivals with chunk_index >= 2):
+--   gap_ms        = chunk_offsets_ms[i] - chunk_offsets_ms[i-1]
+--   tokens        = k_i, the tokens carried by the later chunk
+--   itl_ms        = gap_ms / tokens (the per-token gap that itl_tokens repeats k_i times)
+-- This is what `vllm bench serve` pools. With speculative decoding one chunk carries several
+-- tokens, so a chunk gap is roughly (acceptance length) x the per-token pace: use it to see the
+-- stream's burstiness, not its pace.
+CREATE OR REPLACE VIEW itl_chunks AS
+SELECT
+    run_id,
+    request_id,
+    class_name,
+    stage,
+    level,
+    measured,
+    ok,
+    chunk_index,
+    arrival_unix,
+    gap_ms,
+    tokens,
+    gap_ms / tokens AS itl_ms
+FROM (
+    SELECT
+        run_id, request_id, class_name, stage, level, measured, ok,
+        unnest(range(2, n_chunks + 1)) AS chunk_index,
+        sent_unix + unnest(list_slice(chunk_offsets_ms, 2, -1)) / 1000.0 AS arrival_unix,
+        unnest(gaps_ms) AS gap_ms,
+        unnest(list_slice(chunk_weights, 2, -1)) AS tokens
+    FROM request_metrics
+    WHERE n_chunks >= 2
+);

@@ -1,0 +1,208 @@
+-- stage_summary: one row per run x stage x class, plus a class_name = '(all)' row per run x stage
+-- (every stage of `stages` gets its '(all)' row, even with no requests).
+-- Which requests count: request_metrics.measured AND NOT dropped, i.e. not warm-up and sent in
+--   the stage's measured window [measure_start_unix, measure_end_unix); requests sent during
+--   cool-down or before the window are left out. A dropped open-loop arrival is never sent: it
+--   is counted in `dropped` only.
+-- window_s = measure_end_unix - measure_start_unix (NULL when the stage has no window: rates NULL).
+-- Latency percentiles (p50/p90/p95/p99, DuckDB quantile_cont = linear interpolation between
+--   order statistics, like numpy's default) are over completed requests (ok):
+--   ttft_*, tpot_*, e2e_* from request_metrics; itl_* = the token view (itl_tokens: one sample per
+--   token), itl_chunk_* = the chunk view (itl_chunks: one sample per chunk gap) for contrast, both
+--   from itl_stage_quantiles (exactly quantile_cont over those views, computed in two passes).
+-- Error-adjusted percentiles *_adj_ms: over ALL counted requests with a failed request's value
+--   taken as +infinity (infinitely slow), so p99_adj is infinite once more than ~1% fail.
+-- Throughput: output_tokens_per_s = sum(chunk_arrivals.usage_tokens of chunks that ARRIVED in the
+--   window, from any request of the run and class) / window_s. Counting arrivals inside the window
+--   leaves out warm-up and cool-down output by construction and counts what the server produced
+--   in the window, whichever request it belonged to.
+--   output_tokens_per_s_per_gpu = output_tokens_per_s / runs.gpus;
+--   output_tokens_per_s_per_user = 1000 / tpot_mean_ms (the decode pace one user sees).
+-- requests_per_s = requests / window_s; completed_per_s = completed / window_s.
+-- goodput = (completed requests meeting every SLO of their class) / window_s.
+-- slo_attainment = requests meeting every SLO / requests (failures included in the denominator);
+--   <slo>_attainment likewise for one SLO, over requests whose class sets it.
+-- error_rate = errors / requests.
+CREATE OR REPLACE VIEW stage_summary AS
+WITH
+counted AS (
+    SELECT *, coalesce(class_name, '(none)') AS cls
+    FROM request_metrics
+    WHERE measured AND NOT dropped
+),
+req_stats AS (
+    SELECT
+        run_id, stage,
+        CASE WHEN grouping(cls) = 1 THEN '(all)' ELSE cls END AS class_name,
+        count(*) AS requests,
+        count(*) FILTER (WHERE ok) AS completed,
+        count(*) FILTER (WHERE NOT ok) AS errors,
+        histogram(error_kind) AS errors_by_kind,
+        count(*) FILTER (WHERE arrival_status = 'late') AS late,
+        count(*) FILTER (WHERE slo_met) AS slo_met_requests,
+        avg(ttft_slo_met::INTEGER) AS ttft_slo_attainment,
+        avg(tpot_slo_met::INTEGER) AS tpot_slo_attainment,
+        avg(itl_slo_met::INTEGER) AS itl_slo_attainment,
+        avg(e2e_slo_met::INTEGER) AS e2e_slo_attainment,
+        avg(ttft_ms) FILTER (WHERE ok) AS ttft_mean_ms,
+        quantile_cont(ttft_ms, [0.5, 0.9, 0.95, 0.99]) FILTER (WHERE ok) AS ttft_q,
+        quantile_cont(CASE WHEN ok THEN ttft_ms ELSE 'infinity'::DOUBLE END, [0.5, 0.9, 0.99]) AS ttft_adj_q,
+        avg(tpot_ms) FILTER (WHERE ok) AS tpot_mean_ms,
+        quantile_cont(tpot_ms, [0.5, 0.9, 0.95, 0.99]) FILTER (WHERE ok) AS tpot_q,
+        avg(e2e_ms) FILTER (WHERE ok) AS e2e_mean_ms,
+        quantile_cont(e2e_ms, [0.5, 0.9, 0.95, 0.99]) FILTER (WHERE ok) AS e2e_q,
+        quantile_cont(CASE WHEN ok THEN e2e_ms ELSE 'infinity'::DOUBLE END, [0.5, 0.9, 0.99]) AS e2e_adj_q,
+        quantile_cont(send_lag_ms, [0.5, 0.99]) AS send_lag_q,
+        max(send_lag_ms) AS send_lag_max_ms,
+        quantile_cont(ttft_sched_ms, [0.5, 0.99]) FILTER (WHERE ok) AS ttft_sched_q,
+        quantile_cont(e2e_sched_ms, [0.5, 0.99]) FILTER (WHERE ok) AS e2e_sched_q,
+        avg(prompt_tokens) FILTER (WHERE ok) AS prompt_tokens_mean,
+        avg(output_tokens) FILTER (WHERE ok) AS output_tokens_mean,
+        avg(tokens_per_chunk) FILTER (WHERE ok) AS tokens_per_chunk_mean,
+        sum(cached_tokens) / nullif(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0)
+            AS cached_prompt_share
+    FROM counted
+    GROUP BY GROUPING SETS ((run_id, stage, cls), (run_id, stage))
+),
+itl_stats AS (
+    SELECT run_id, stage, class_name,
+           max(mean_ms) FILTER (WHERE view = 'token') AS itl_mean_ms,
+           max(p50_ms) FILTER (WHERE view = 'token') AS itl_p50_ms,
+           max(p90_ms) FILTER (WHERE view = 'token') AS itl_p90_ms,
+           max(p95_ms) FILTER (WHERE view = 'token') AS itl_p95_ms,
+           max(p99_ms) FILTER (WHERE view = 'token') AS itl_p99_ms,
+           max(mean_ms) FILTER (WHERE view = 'chunk') AS itl_chunk_mean_ms,
+           max(p50_ms) FILTER (WHERE view = 'chunk') AS itl_chunk_p50_ms,
+           max(p99_ms) FILTER (WHERE view = 'chunk') AS itl_chunk_p99_ms
+    FROM itl_stage_quantiles
+    GROUP BY run_id, stage, class_name
+),
+windows AS (
+    SELECT run_id, stage, kind, level, measure_start_unix, measure_end_unix,
+           measure_end_unix - measure_start_unix AS window_s
+    FROM stages
+),
+window_tokens AS (
+    -- Same sum as over chunk_arrivals, computed per request: a request whose chunks all arrived
+    -- inside the window contributes its whole usage count without unnesting its chunks.
+    SELECT
+        run_id, stage,
+        CASE WHEN grouping(cls) = 1 THEN '(all)' ELSE cls END AS class_name,
+        sum(tokens_in_window) AS output_tokens_in_window
+    FROM (
+        SELECT
+            w.run_id, w.stage, coalesce(r.class_name, '(none)') AS cls,
+            CASE WHEN r.first_chunk_unix >= w.measure_start_unix AND r.last_chunk_unix < w.measure_end_unix
+                 THEN coalesce(r.output_tokens, r.chunk_tokens_total)
+                 ELSE list_sum(list_transform(range(1, r.n_chunks + 1), lambda i:
+                          CASE WHEN r.sent_unix + r.chunk_offsets_ms[i] / 1000.0 >= w.measure_start_unix
+                                AND r.sent_unix + r.chunk_offsets_ms[i] / 1000.0 < w.measure_end_unix
+                               THEN r.chunk_weights[i] ELSE 0 END))
+                      * coalesce(r.output_tokens, r.chunk_tokens_total) / r.chunk_tokens_total
+            END AS tokens_in_window
+        FROM windows w
+        JOIN (SELECT *,
+                     sent_unix + chunk_offsets_ms[1] / 1000.0 AS first_chunk_unix,
+                     sent_unix + chunk_offsets_ms[n_chunks] / 1000.0 AS last_chunk_unix
+              FROM request_metrics WHERE n_chunks > 0) r
+          ON r.run_id = w.run_id
+         AND r.first_chunk_unix < w.measure_end_unix
+         AND r.last_chunk_unix >= w.measure_start_unix
+    )
+    GROUP BY GROUPING SETS ((run_id, stage, cls), (run_id, stage))
+),
+dropped_counts AS (
+    SELECT
+        run_id, stage,
+        CASE WHEN grouping(cls) = 1 THEN '(all)' ELSE cls END AS class_name,
+        count(*) AS dropped
+    FROM (SELECT run_id, stage, coalesce(class_name, '(none)') AS cls
+          FROM request_metrics WHERE measured AND dropped)
+    GROUP BY GROUPING SETS ((run_id, stage, cls), (run_id, stage))
+),
+keys AS (
+    SELECT run_id, stage, '(all)' AS class_name FROM stages
+    UNION
+    SELECT run_id, stage, class_name FROM req_stats
+    UNION
+    SELECT run_id, stage, class_name FROM dropped_counts
+    UNION
+    SELECT run_id, stage, class_name FROM window_tokens
+)
+SELECT
+    k.run_id,
+    k.stage,
+    k.class_name,
+    w.kind,
+    w.level,
+    w.measure_start_unix AS window_start_unix,
+    w.measure_end_unix AS window_end_unix,
+    w.window_s,
+    coalesce(r.requests, 0) AS requests,
+    coalesce(r.completed, 0) AS completed,
+    coalesce(r.errors, 0) AS errors,
+    r.errors_by_kind,
+    coalesce(d.dropped, 0) AS dropped,
+    coalesce(r.late, 0) AS late,
+    r.ttft_mean_ms,
+    r.ttft_q[1] AS ttft_p50_ms,
+    r.ttft_q[2] AS ttft_p90_ms,
+    r.ttft_q[3] AS ttft_p95_ms,
+    r.ttft_q[4] AS ttft_p99_ms,
+    r.ttft_adj_q[1] AS ttft_p50_adj_ms,
+    r.ttft_adj_q[2] AS ttft_p90_adj_ms,
+    r.ttft_adj_q[3] AS ttft_p99_adj_ms,
+    it.itl_mean_ms,
+    it.itl_p50_ms,
+    it.itl_p90_ms,
+    it.itl_p95_ms,
+    it.itl_p99_ms,
+    it.itl_chunk_mean_ms,
+    it.itl_chunk_p50_ms,
+    it.itl_chunk_p99_ms,
+    r.tpot_mean_ms,
+    r.tpot_q[1] AS tpot_p50_ms,
+    r.tpot_q[2] AS tpot_p90_ms,
+    r.tpot_q[3] AS tpot_p95_ms,
+    r.tpot_q[4] AS tpot_p99_ms,
+    r.e2e_mean_ms,
+    r.e2e_q[1] AS e2e_p50_ms,
+    r.e2e_q[2] AS e2e_p90_ms,
+    r.e2e_q[3] AS e2e_p95_ms,
+    r.e2e_q[4] AS e2e_p99_ms,
+    r.e2e_adj_q[1] AS e2e_p50_adj_ms,
+    r.e2e_adj_q[2] AS e2e_p90_adj_ms,
+    r.e2e_adj_q[3] AS e2e_p99_adj_ms,
+    r.send_lag_q[1] AS send_lag_p50_ms,
+    r.send_lag_q[2] AS send_lag_p99_ms,
+    r.send_lag_max_ms,
+    r.ttft_sched_q[1] AS ttft_sched_p50_ms,
+    r.ttft_sched_q[2] AS ttft_sched_p99_ms,
+    r.e2e_sched_q[1] AS e2e_sched_p50_ms,
+    r.e2e_sched_q[2] AS e2e_sched_p99_ms,
+    r.prompt_tokens_mean,
+    r.output_tokens_mean,
+    r.tokens_per_chunk_mean,
+    r.cached_prompt_share,
+    coalesce(t.output_tokens_in_window, 0) AS output_tokens_in_window,
+    coalesce(t.output_tokens_in_window, 0) / nullif(w.window_s, 0) AS output_tokens_per_s,
+    coalesce(t.output_tokens_in_window, 0) / nullif(w.window_s, 0) / nullif(ru.gpus, 0)
+        AS output_tokens_per_s_per_gpu,
+    1000.0 / nullif(r.tpot_mean_ms, 0) AS output_tokens_per_s_per_user,
+    coalesce(r.requests, 0) / nullif(w.window_s, 0) AS requests_per_s,
+    coalesce(r.completed, 0) / nullif(w.window_s, 0) AS completed_per_s,
+    coalesce(r.slo_met_requests, 0) AS slo_met_requests,
+    coalesce(r.slo_met_requests, 0) / nullif(w.window_s, 0) AS goodput,
+    r.slo_met_requests / nullif(r.requests, 0) AS slo_attainment,
+    r.ttft_slo_attainment,
+    r.tpot_slo_attainment,
+    r.itl_slo_attainment,
+    r.e2e_slo_attainment,
+    r.errors / nullif(r.requests, 0) AS error_rate
+FROM keys k
+JOIN windows w ON w.run_id = k.run_id AND w.stage = k.stage
+LEFT JOIN runs ru ON ru.run_id = k.run_id
+LEFT JOIN req_stats r ON r.run_id = k.run_id AND r.stage = k.stage AND r.class_name = k.class_name
+LEFT JOIN itl_stats it ON it.run_id = k.run_id AND it.stage = k.stage AND it.class_name = k.class_name
+LEFT JOIN window_tokens t ON t.run_id = k.run_id AND t.stage = k.stage AND t.class_name = k.class_name
+LEFT JOIN dropped_counts d ON d.run_id = k.run_id AND d.stage = k.stage AND d.class_name = k.class_name;

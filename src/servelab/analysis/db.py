@@ -1,0 +1,124 @@
+"""Opening the results database for reading, and finding runs in it.
+
+DuckDB allows one writing process per file: while ``servelab run`` writes, every other open of
+the file fails, read-only ones included. Readers therefore open read-only, briefly, and say so
+plainly when the file is busy. Views must exist: when they are missing or were installed from an
+older analysis/*.sql, the reader installs them (a short read-write open); if it cannot (another
+reader holds the file), it uses temporary copies for its own connection.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import duckdb
+
+from servelab.errors import ServelabError
+from servelab.paths import default_db
+
+from .views import has_schema, install_views, stale_views, view_files
+
+
+def _lock_message(path: Path, exc: Exception) -> str:
+    return (
+        f"{path} is locked by another process ({exc}). DuckDB lets one process write a database "
+        "file and then nobody else may open it, even read-only: wait for the running `servelab run` "
+        "to finish, or query a copy (cp the file and pass --db COPY)"
+    )
+
+
+def _is_lock_error(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "lock" in text and ("conflicting" in text or "could not set" in text)
+
+
+def resolve_db_path(path: str | Path | None) -> Path:
+    db = Path(path) if path else default_db()
+    if not db.exists():
+        raise ServelabError(
+            f"no database at {db}: record a run first (`servelab run ...` writes {default_db()}), "
+            "or pass --db PATH (or set SERVELAB_DB) to an existing servelab DuckDB file"
+        )
+    if db.is_dir():
+        raise ServelabError(f"{db} is a directory; --db takes the .duckdb file itself")
+    return db
+
+
+def _connect(db: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(str(db), read_only=read_only)
+    except duckdb.Error as exc:
+        if _is_lock_error(exc):
+            raise ServelabError(_lock_message(db, exc)) from exc
+        raise ServelabError(f"{db}: cannot open as a DuckDB database ({exc})") from exc
+
+
+def open_for_reading(path: str | Path | None = None) -> duckdb.DuckDBPyConnection:
+    """A read-only connection to the results database with current analysis views."""
+    db = resolve_db_path(path)
+    files = view_files()
+    con = _connect(db, read_only=True)
+    if not has_schema(con):
+        con.close()
+        raise ServelabError(
+            f"{db} has no servelab tables (runs, requests, ...): it was not written by servelab; "
+            "pass --db with a file that `servelab run` recorded"
+        )
+    if not stale_views(con, files):
+        return con
+    con.close()
+    try:
+        writer = duckdb.connect(str(db))
+    except duckdb.Error:
+        # Another reader holds the file: install the views for this connection only.
+        con = _connect(db, read_only=True)
+        install_views(con, temporary=True)
+        print(
+            f"servelab: note: the views stored in {db} are missing or older than analysis/*.sql and "
+            "the file is busy, so this command uses temporary copies",
+            file=sys.stderr,
+        )
+        return con
+    try:
+        install_views(writer)
+    finally:
+        writer.close()
+    return _connect(db, read_only=True)
+
+
+def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
+    """A run id from an exact id, a unique prefix of one, or ``latest``."""
+    if ref == "latest":
+        row = con.execute(
+            "SELECT run_id FROM runs ORDER BY started_unix DESC NULLS LAST, run_id DESC LIMIT 1"
+        ).fetchone()
+        if not row:
+            raise ServelabError("the database holds no runs yet, so there is no `latest`")
+        return row[0]
+    exact = con.execute("SELECT run_id FROM runs WHERE run_id = ?", [ref]).fetchone()
+    if exact:
+        return exact[0]
+    matches = [r[0] for r in con.execute(
+        "SELECT run_id FROM runs WHERE starts_with(run_id, ?) ORDER BY started_unix", [ref]
+    ).fetchall()]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        shown = ", ".join(matches[:8]) + (" ..." if len(matches) > 8 else "")
+        raise ServelabError(f"run '{ref}' is ambiguous: it starts {len(matches)} run ids ({shown}); give more characters")
+    raise ServelabError(f"no run '{ref}' in the database; `servelab runs` lists the run ids (or use `latest`)")
+
+
+def resolve_runs(con: duckdb.DuckDBPyConnection, refs: list[str]) -> list[str]:
+    seen: list[str] = []
+    for ref in refs:
+        run_id = resolve_run(con, ref)
+        if run_id not in seen:
+            seen.append(run_id)
+    return seen
+
+
+def fetch_dicts(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None) -> list[dict]:
+    cur = con.execute(sql, params or [])
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, row)) for row in cur.fetchall()]

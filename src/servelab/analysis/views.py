@@ -1,0 +1,142 @@
+"""Install the named SQL views of ``analysis/*.sql`` into a DuckDB database.
+
+Files are named ``NN_name.sql`` and run in that order, so a view only reads tables and views of
+lower-numbered files. Every view is persisted in the database file (plain SQL, no Python UDFs), so
+``duckdb results/servelab.duckdb`` and ``SELECT * FROM stage_summary`` work without servelab.
+Each installed view carries a comment: its file's definition text plus a hash of the file, which
+tells a reader both what the view means and whether the file has changed since it was installed.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+
+from servelab.errors import ServelabError
+from servelab.paths import analysis_dir
+
+VIEW_FILE = re.compile(r"^\d+_[a-z0-9_]+\.sql$")
+CREATED = re.compile(r"CREATE\s+OR\s+REPLACE\s+(VIEW|MACRO)\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
+STAMP = re.compile(r"\[servelab (\S+) sha256:([0-9a-f]+)\]\s*$")
+
+
+@dataclass(frozen=True)
+class ViewFile:
+    path: Path
+    sql: str
+    views: tuple[str, ...]
+    macros: tuple[str, ...]
+    definition: str
+    digest: str
+
+    @property
+    def stamp(self) -> str:
+        return f"[servelab {self.path.name} sha256:{self.digest}]"
+
+    def comment(self) -> str:
+        return f"{self.definition}\n{self.stamp}"
+
+
+def _definition(sql: str) -> str:
+    lines = []
+    for line in sql.splitlines():
+        if not line.startswith("--"):
+            break
+        lines.append(line[2:].rstrip())
+    return "\n".join(lines).strip()
+
+
+def view_files(folder: Path | None = None) -> list[ViewFile]:
+    folder = Path(folder) if folder else analysis_dir()
+    if not folder.is_dir():
+        raise ServelabError(
+            f"{folder}: the analysis SQL folder is missing; set SERVELAB_HOME to the servelab "
+            "checkout that holds analysis/*.sql"
+        )
+    files = []
+    for path in sorted(folder.glob("*.sql")):
+        if not VIEW_FILE.match(path.name):
+            continue
+        sql = path.read_text(encoding="utf-8")
+        created = CREATED.findall(sql)
+        definition = _definition(sql)
+        if not created:
+            raise ServelabError(f"{path}: no `CREATE OR REPLACE VIEW name AS ...`; every view file defines a view")
+        if not definition:
+            raise ServelabError(f"{path}: starts without a `-- name: definition` comment; state the formula first")
+        files.append(
+            ViewFile(
+                path=path,
+                sql=sql,
+                views=tuple(n for kind, n in created if kind.upper() == "VIEW"),
+                macros=tuple(n for kind, n in created if kind.upper() == "MACRO"),
+                definition=definition,
+                digest=hashlib.sha256(sql.encode()).hexdigest()[:16],
+            )
+        )
+    if not files:
+        raise ServelabError(f"{folder}: no NN_name.sql view files")
+    return files
+
+
+def view_names(files: list[ViewFile] | None = None) -> list[str]:
+    return [v for f in (files or view_files()) for v in f.views]
+
+
+def _installed_stamps(con: duckdb.DuckDBPyConnection) -> dict[str, str]:
+    rows = con.execute(
+        "SELECT view_name, comment FROM duckdb_views() WHERE NOT internal AND schema_name = 'main'"
+    ).fetchall()
+    stamps = {}
+    for name, comment in rows:
+        match = STAMP.search(comment or "")
+        stamps[name] = match.group(0) if match else ""
+    return stamps
+
+
+def stale_views(con: duckdb.DuckDBPyConnection, files: list[ViewFile] | None = None) -> list[str]:
+    """Views that are missing from the database or were installed from a different file text."""
+    files = files or view_files()
+    installed = _installed_stamps(con)
+    return [v for f in files for v in f.views if installed.get(v) != f.stamp]
+
+
+def has_schema(con: duckdb.DuckDBPyConnection) -> bool:
+    names = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+    return {"runs", "run_classes", "stages", "requests", "server_metrics", "client_health", "run_workers"} <= names
+
+
+def install_views(con: duckdb.DuckDBPyConnection, folder: Path | None = None, temporary: bool = False) -> list[str]:
+    """Create or replace every view (and macro) of analysis/*.sql, in file order, in one transaction.
+
+    The writer (``servelab run``) calls this when it creates the database; readers call it when
+    views are missing or stale. ``temporary=True`` creates TEMP views instead (for a read-only
+    connection: they shadow the stored ones for this connection only).
+    """
+    files = view_files(folder)
+    if not has_schema(con):
+        raise ServelabError(
+            "the database has no servelab tables (runs, requests, ...); it was not created by servelab "
+            "(create it with `servelab run`, which applies src/servelab/store/schema.sql)"
+        )
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for f in files:
+            sql = f.sql
+            if temporary:
+                sql = re.sub(r"CREATE\s+OR\s+REPLACE\s+(VIEW|MACRO)", r"CREATE OR REPLACE TEMP \1", sql, flags=re.IGNORECASE)
+            try:
+                con.execute(sql)
+            except duckdb.Error as exc:
+                raise ServelabError(f"{f.path}: {exc}; fix the SQL (or restore the file from git)") from exc
+            comment = f.comment().replace("'", "''")
+            for view in f.views:
+                con.execute(f"COMMENT ON VIEW {view} IS '{comment}'")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return view_names(files)

@@ -1,0 +1,70 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+# The analysis tests share helper modules (known rows, independent expectations, synthetic runs).
+sys.path.insert(0, str(Path(__file__).parent))
+
+from analysis_rows import create_db, insert, k1_rows, k2_rows, merge  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def known_data():
+    return merge(k1_rows(), k2_rows())
+
+
+@pytest.fixture(scope="session")
+def known_db(tmp_path_factory, known_data):
+    """A real DuckDB file holding K1 and K2, with the views installed the way a writer installs them."""
+    from servelab.analysis.views import install_views
+
+    path = tmp_path_factory.mktemp("known") / "servelab.duckdb"
+    con = create_db(path)
+    insert(con, known_data)
+    install_views(con)
+    con.close()
+    return path
+
+
+@pytest.fixture()
+def known_con(known_db):
+    import duckdb
+
+    con = duckdb.connect(str(known_db), read_only=True)
+    yield con
+    con.close()
+
+
+@pytest.fixture(scope="session")
+def synthetic_db(tmp_path_factory):
+    """SYNTHETIC runs (analysis_synthetic.py, not a real server): fp8 twice (repeats), gptq_int4 once
+    (flagged generator_saturated), eagle (speculative decoding, some failures) once; one profile."""
+    from analysis_synthetic import Variant, synthetic_run
+
+    from servelab.analysis.views import install_views
+
+    path = tmp_path_factory.mktemp("synthetic") / "servelab.duckdb"
+    con = create_db(path)
+    fp8 = Variant("fp8", prefill_ms=50, itl_ms=10, batch=8)
+    gptq = Variant("gptq_int4", prefill_ms=80, itl_ms=8, batch=12, itl_per_batch=0.3)
+    eagle = Variant("eagle", prefill_ms=70, itl_ms=14, spec_tokens=3, failure_rate=0.01)
+    insert(con, merge(
+        synthetic_run("syn-fp8-a", fp8, seed=1, start=1_710_000_000.0),
+        synthetic_run("syn-fp8-b", fp8, seed=2, start=1_710_001_000.0),
+        synthetic_run("syn-gptq", gptq, seed=3, start=1_710_002_000.0, flags=["generator_saturated"]),
+        synthetic_run("syn-eagle", eagle, seed=4, start=1_710_003_000.0),
+    ))
+    install_views(con)
+    con.close()
+    return path
+
+
+@pytest.fixture()
+def cli(monkeypatch):
+    """servelab's real entry point with only the analysis commands registered (the other command
+    families are other areas' and need not import here)."""
+    from servelab import cli as cli_module
+
+    monkeypatch.setattr(cli_module, "COMMAND_MODULES", ["servelab.commands.analysis"])
+    return cli_module.main

@@ -1,0 +1,148 @@
+"""Installing the views: persisted in the file (plain duckdb CLI can use them), refreshed when a
+view file changes, installed by readers when missing, and clear errors for locks and bad input."""
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from analysis_rows import create_db, insert, k1_rows
+from servelab.analysis.db import open_for_reading, resolve_run
+from servelab.analysis.views import install_views, stale_views, view_files, view_names
+from servelab.errors import ServelabError
+from servelab.paths import analysis_dir
+
+EXPECTED_VIEWS = {"request_metrics", "chunk_arrivals", "itl_chunks", "itl_tokens", "itl_stage_quantiles", "stage_summary",
+                  "client_timeline", "server_series", "server_timeline", "server_stage_summary", "run_overview",
+                  "compare", "slo_frontier"}
+
+
+def test_every_view_file_states_its_definition(known_con):
+    files = view_files()
+    assert set(view_names(files)) == EXPECTED_VIEWS
+    for f in files:
+        name = f.views[0]
+        assert f.definition.startswith(f"{name}:"), f"{f.path.name} must open with '-- {name}: ...'"
+    comments = dict(known_con.execute(
+        "SELECT view_name, comment FROM duckdb_views() WHERE NOT internal").fetchall())
+    assert "quantile_cont" in comments["stage_summary"] and "sha256:" in comments["stage_summary"]
+    assert not stale_views(known_con)
+
+
+def test_duckdb_cli_reads_the_views(known_db, known_con):
+    """The views live in the file and use no Python: the duckdb-cli shell (pinned 1.5.6) opens it."""
+    shell = Path(sys.executable).with_name("duckdb")
+    shell = str(shell) if shell.exists() else shutil.which("duckdb")
+    if not shell:
+        pytest.skip("the duckdb CLI (PyPI duckdb-cli) is not installed in this environment")
+    out = subprocess.run([shell, "-readonly", "-csv", str(known_db), "-c",
+                          "SELECT stage, class_name, requests, round(ttft_p50_ms, 3) FROM stage_summary "
+                          "WHERE run_id = 'k1-closed' ORDER BY stage, class_name"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = [line.split(",") for line in out.stdout.strip().splitlines()[1:]]
+    want = known_con.execute("SELECT stage, class_name, requests, round(ttft_p50_ms, 3) FROM stage_summary "
+                             "WHERE run_id = 'k1-closed' ORDER BY stage, class_name").fetchall()
+    assert [(int(a), b, int(c), float(d) if d else None) for a, b, c, d in got] == want
+
+
+def test_changed_view_file_is_detected_and_reinstalled(tmp_path):
+    folder = tmp_path / "analysis"
+    shutil.copytree(analysis_dir(), folder)
+    con = create_db(tmp_path / "db.duckdb")
+    install_views(con, folder)
+    assert stale_views(con, view_files(folder)) == []
+    path = folder / "30_stage_summary.sql"
+    path.write_text(path.read_text() + "\n-- edited\n")
+    assert stale_views(con, view_files(folder)) == ["stage_summary"]
+    install_views(con, folder)
+    assert stale_views(con, view_files(folder)) == []
+
+
+def test_broken_view_file_names_the_file(tmp_path):
+    folder = tmp_path / "analysis"
+    shutil.copytree(analysis_dir(), folder)
+    (folder / "99_broken.sql").write_text("-- broken: a view over a missing column\n"
+                                          "CREATE OR REPLACE VIEW broken AS SELECT no_such_column FROM requests;\n")
+    con = create_db(tmp_path / "db.duckdb")
+    with pytest.raises(ServelabError, match="99_broken.sql"):
+        install_views(con, folder)
+    # one transaction: nothing of the failed install is left behind
+    assert con.execute("SELECT count(*) FROM duckdb_views() WHERE NOT internal").fetchone()[0] == 0
+
+
+def _db_without_views(path):
+    con = create_db(path)
+    insert(con, k1_rows())
+    con.close()
+
+
+def test_reader_installs_missing_views(tmp_path):
+    path = tmp_path / "db.duckdb"
+    _db_without_views(path)
+    con = open_for_reading(path)
+    assert con.execute("SELECT count(*) FROM stage_summary").fetchone()[0] > 0
+    con.close()
+    plain = duckdb.connect(str(path), read_only=True)  # persisted, not temporary
+    assert {r[0] for r in plain.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()} == EXPECTED_VIEWS
+    plain.close()
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time, duckdb
+    con = duckdb.connect(sys.argv[1], read_only=sys.argv[2] == "ro")
+    print("ready", flush=True)
+    sys.stdin.read()
+""")
+
+
+def _hold(path, mode):
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), mode], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_locked_database_gives_a_clear_error(tmp_path):
+    path = tmp_path / "db.duckdb"
+    _db_without_views(path)
+    proc = _hold(path, "rw")
+    try:
+        with pytest.raises(ServelabError, match="locked by another process"):
+            open_for_reading(path)
+    finally:
+        proc.communicate("")
+
+
+def test_reader_uses_temporary_views_when_another_reader_holds_the_file(tmp_path, capsys):
+    path = tmp_path / "db.duckdb"
+    _db_without_views(path)
+    proc = _hold(path, "ro")
+    try:
+        con = open_for_reading(path)
+        assert con.execute("SELECT requests FROM stage_summary WHERE stage = 0 AND class_name = 'chat'").fetchone()[0] == 8
+        assert "temporary copies" in capsys.readouterr().err
+        con.close()
+    finally:
+        proc.communicate("")
+
+
+def test_missing_database_and_foreign_file(tmp_path):
+    with pytest.raises(ServelabError, match="no database at"):
+        open_for_reading(tmp_path / "nope.duckdb")
+    duckdb.connect(str(tmp_path / "other.duckdb")).execute("CREATE TABLE t (x INT)").close()
+    with pytest.raises(ServelabError, match="no servelab tables"):
+        open_for_reading(tmp_path / "other.duckdb")
+
+
+def test_resolve_run(known_con):
+    assert resolve_run(known_con, "k1-closed") == "k1-closed"
+    assert resolve_run(known_con, "k2") == "k2-open"
+    assert resolve_run(known_con, "latest") == "k2-open"
+    with pytest.raises(ServelabError, match="ambiguous"):
+        resolve_run(known_con, "k")
+    with pytest.raises(ServelabError, match="no run 'zz'"):
+        resolve_run(known_con, "zz")
