@@ -12,6 +12,10 @@ from servelab.errors import ServelabError
 COMMAND_MODULES = [
     "servelab.commands.demo",
     "servelab.commands.profiles",
+    "servelab.commands.servers",
+    "servelab.commands.sim",
+    "servelab.commands.run",
+    "servelab.commands.analysis",
 ]
 
 

@@ -85,8 +85,14 @@ CREATE TABLE IF NOT EXISTS requests (
     arrival_status        VARCHAR,    -- on_time | late | dropped (open loop); NULL closed loop
     prefix_group          INTEGER,
     session_id            VARCHAR,
-    turn                  INTEGER
+    turn                  INTEGER,
+    response_id           VARCHAR,    -- the server's response id (joins with server-side logs)
+    chunk_token_source    VARCHAR     -- usage (per-chunk usage deltas) | estimated (1 per chunk)
 );
+
+-- Columns added after the first schema (a database made before them gets them here).
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS response_id VARCHAR;
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS chunk_token_source VARCHAR;
 
 -- Prometheus samples scraped from the target during the run.
 CREATE TABLE IF NOT EXISTS server_metrics (

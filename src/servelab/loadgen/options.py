@@ -1,0 +1,124 @@
+"""servelab's Locust command-line options (they also appear in the web UI's start form).
+
+Imported by the ``servelab run`` process too: keep it free of gevent and locust."""
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+import time
+import uuid
+
+from servelab.errors import ServelabError
+from servelab.paths import default_db
+
+
+@dataclass
+class Timeouts:
+    connect_s: float = 10.0
+    first_token_s: float = 300.0
+    between_chunks_s: float = 60.0
+    total_s: float = 1800.0
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def add_arguments(parser) -> None:
+    """Listener for ``events.init_command_line_parser`` (the parameter must be named parser)."""
+    # The traffic profile is Locust's own --profile (it is also in the web UI's start form and
+    # in Locust's reports): servelab reads it as the path of the profile YAML.
+    # Locust's parser knows include_in_web_ui; its argument groups do not, hence no group.
+    g = parser
+    g.add_argument("--variant", default=os.environ.get("SERVELAB_VARIANT", ""),
+                   help="name of the server variant under test (recorded with the run)")
+    g.add_argument("--db", default=str(default_db()), help="DuckDB file that receives the run")
+    g.add_argument("--tag", default="", help="k=v[,k=v...] labels recorded with the run")
+    g.add_argument("--seed", type=int, default=-1, help="override the profile's seed (-1: keep)")
+    g.add_argument("--timeout-connect", type=float, default=10.0, help="seconds to connect")
+    g.add_argument("--timeout-first-token", type=float, default=300.0,
+                   help="seconds from sending to the first output chunk")
+    g.add_argument("--timeout-between-chunks", type=float, default=60.0,
+                   help="seconds allowed between two output chunks")
+    g.add_argument("--timeout-total", type=float, default=1800.0,
+                   help="seconds for a whole request")
+    g.add_argument("--drain-timeout", type=float, default=60.0,
+                   help="seconds in-flight requests get to finish when the run ends")
+    g.add_argument("--late-ms", type=float, default=10.0,
+                   help="open loop: an arrival sent later than this after its time is 'late'")
+    g.add_argument("--served-model", default="", help="model name to send (default: the "
+                   "profile's, or the first of the target's /v1/models)")
+    g.add_argument("--tokenizer", default="", help="tokenizer.json for prompt lengths when the "
+                   "target has no /tokenize")
+    g.add_argument("--spool-dir", default=os.environ.get("SERVELAB_SPOOL", "results/spool"),
+                   include_in_web_ui=False, help="where each worker spools its rows")
+    g.add_argument("--run-id", default="", include_in_web_ui=False,
+                   help="id of the run (default: a new one per test start)")
+    g.add_argument("--status-file", default="", include_in_web_ui=False,
+                   help="the master writes live progress here (JSON, once a second)")
+    g.add_argument("--hardware", default="", include_in_web_ui=False,
+                   help="GPU of the target, recorded with the run")
+
+
+@dataclass
+class Settings:
+    profile: str
+    variant: str
+    db: str
+    tags: dict
+    seed: int | None
+    timeouts: Timeouts
+    drain_timeout_s: float
+    late_ms: float
+    served_model: str
+    tokenizer: str
+    spool_dir: str
+    run_id: str
+    status_file: str
+    hardware: str
+
+    def as_json(self) -> dict:
+        d = asdict(self)
+        d["timeouts"] = asdict(self.timeouts)
+        return d
+
+
+def settings_from(options) -> Settings:
+    get = lambda name, default=None: getattr(options, name, default)  # noqa: E731
+    seed = get("seed", -1)
+    return Settings(
+        profile=get("profile", "") or os.environ.get("SERVELAB_PROFILE", ""),
+        variant=get("variant", "") or "",
+        db=get("db", "") or str(default_db()),
+        tags=parse_tags(get("tag", "")),
+        seed=None if seed is None or int(seed) < 0 else int(seed),
+        timeouts=Timeouts(float(get("timeout_connect", 10.0)),
+                          float(get("timeout_first_token", 300.0)),
+                          float(get("timeout_between_chunks", 60.0)),
+                          float(get("timeout_total", 1800.0))),
+        drain_timeout_s=float(get("drain_timeout", 60.0)),
+        late_ms=float(get("late_ms", 10.0)),
+        served_model=get("served_model", "") or "",
+        tokenizer=get("tokenizer", "") or "",
+        spool_dir=get("spool_dir", "") or "results/spool",
+        run_id=get("run_id", "") or "",
+        status_file=get("status_file", "") or "",
+        hardware=get("hardware", "") or "",
+    )
+
+
+def parse_tags(value) -> dict:
+    """``k=v`` items, comma-separated in one string or given as a list."""
+    items = value if isinstance(value, (list, tuple)) else str(value or "").split(",")
+    tags = {}
+    for item in items:
+        for part in str(item).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            key, sep, val = part.partition("=")
+            if not sep or not key.strip():
+                raise ServelabError(f"--tag: '{part}' is not KEY=VALUE (e.g. --tag gpu=l40s)")
+            tags[key.strip()] = val.strip()
+    return tags
