@@ -119,9 +119,13 @@ def measure_level(host, port, concurrency, warmup_s, seconds, max_tokens):
     queue = mp.get_context("spawn").Queue()
     proc = mp.get_context("spawn").Process(
         target=_load_process, args=((host, port, concurrency, warmup_s, seconds, max_tokens),
-                                    queue))
+                                    queue), daemon=True)
     proc.start()
-    res = queue.get(timeout=warmup_s + seconds + 60)
+    try:
+        res = queue.get(timeout=warmup_s + seconds + 60)
+    except Exception:
+        proc.terminate()
+        raise RuntimeError(f"the load process sent no result for {concurrency} streams") from None
     proc.join(30)
     before, after = _families(res["before"]), _families(res["after"])
     hb, ha = _hist(before, "servelab:sim_step_lag_seconds"), _hist(after,
@@ -147,19 +151,31 @@ def measure_level(host, port, concurrency, warmup_s, seconds, max_tokens):
 
 
 def start_server(extra):
-    ready = os.path.join(tempfile.mkdtemp(prefix="servelab-bench-"), "ready")
+    folder = tempfile.mkdtemp(prefix="servelab-bench-")
+    ready = os.path.join(folder, "ready")
     cmd = [sys.executable, "-m", "servelab.commands.sim", "--hardware", "H100", "--model",
            "Qwen/Qwen2.5-0.5B-Instruct", "--served-model-name", "bench", "--max-model-len",
            "4096", "--port", "0", "--ready-file", ready, "--log-stats-interval", "0", *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # The server's output goes to a file, never to an undrained pipe: a full pipe would block
+    # the server's event loop on its next write.
+    log_path = os.path.join(folder, "server.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log_path
     deadline = time.time() + 60
     while not os.path.exists(ready):
         if proc.poll() is not None or time.time() > deadline:
-            raise SystemExit(f"server did not start: {proc.stderr.read().decode()}")
+            proc.kill()
+            raise SystemExit(f"server did not start; {log_path} ends:\n{_tail(log_path)}")
         time.sleep(0.05)
     url = open(ready).read().strip()
     host, port = url.split("//")[1].rsplit(":", 1)
     return proc, host, int(port)
+
+
+def _tail(path, lines=20):
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:])
 
 
 def realtime(levels, seconds, max_tokens, extra):
@@ -168,9 +184,17 @@ def realtime(levels, seconds, max_tokens, extra):
     try:
         for c in levels:
             rows.append(measure_level(host, port, c, 1.0, seconds, max_tokens))
+    except Exception:
+        print(f"the run failed; the server's log ({proc.log_path}) ends:\n{_tail(proc.log_path)}",
+              file=sys.stderr)
+        raise
     finally:
         proc.terminate()
-        proc.wait(15)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
     print("\nReal time: one simulator process; streamed chunks received by a separate load "
           "process")
     print(f"{'streams':>8} {'chunks/s':>10} {'tokens/s':>10} {'steps/s':>8} {'lag p50':>9} "

@@ -25,8 +25,10 @@ def test_sim_backend_serves_verifies_and_stops(tmp_path):
             assert variant.model.encode() in resp.read()
         verdict = verify(variant, log_path=server.log_path, url=server.url)
         assert verdict.status == "verified", verdict.summary()
-        # The simulator has no /reset_prefix_cache: reported, not fatal.
-        assert backends.reset_prefix_cache(server.url) is False
+        # Started in dev mode, the simulator serves vLLM's /reset_prefix_cache.
+        assert backends.reset_prefix_cache(server.url) is True
+        assert "Successfully reset prefix cache" in server.log_path.read_text()
+        assert backends.reset_prefix_cache(server.url + "/nothing-here") is False
     finally:
         server.stop()
     assert not server.alive()

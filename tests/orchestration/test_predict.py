@@ -118,3 +118,36 @@ def test_predictions_are_deterministic(tmp_path):
         return [(r.request_id, r.ttft, r.e2e) for r in result.records]
 
     assert ttfts() == ttfts()
+
+
+def test_max_in_flight_holds_open_loop_arrivals_back(tmp_path):
+    from servelab.orchestration.predict import LATE_MS, predict
+    from servelab.specs.variants import load_variant
+
+    db = tmp_path / "capped.duckdb"
+    predict(load_variant("bf16", environ={}), "L40S", DATA / "capped.yaml", db)
+    con = duckdb.connect(str(db))
+    rows = con.execute(
+        "SELECT stage, scheduled_unix, sent_unix, done_unix, arrival_status, error_kind "
+        "FROM requests ORDER BY scheduled_unix").fetchall()
+    con.close()
+    assert len(rows) == 24  # 8/s for 1.5 s, two stages: every arrival is accounted for
+    sent = [r for r in rows if r[5] is None]
+    dropped = [r for r in rows if r[5] == "dropped"]
+    assert {r[4] for r in dropped} == {"dropped"} and all(r[2] is None for r in dropped)
+    # Only the first stage drops (at its end); the last one waits for the run to drain.
+    assert dropped and {r[0] for r in dropped} == {0} and all(r[0] == 1 or r[2] for r in sent)
+    stage1 = [r for r in sent if r[0] == 1]
+    assert len(stage1) == 12
+    late = [r for r in sent if r[4] == "late"]
+    assert late and all((r[2] - r[1]) * 1000 > LATE_MS for r in late)
+    assert all((r[2] - r[1]) * 1000 <= LATE_MS for r in sent if r[4] == "on_time")
+    # Never more than two in flight per stage.
+    for stage in (0, 1):
+        edges = sorted([(r[2], 1) for r in sent if r[0] == stage] +
+                       [(r[3], -1) for r in sent if r[0] == stage])
+        level = peak = 0
+        for _, step in edges:
+            level += step
+            peak = max(peak, level)
+        assert peak == 2

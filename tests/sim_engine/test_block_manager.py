@@ -124,3 +124,17 @@ def test_caching_off_never_hits():
     a = seq("a", list(range(40)))
     admit(bm, a)
     assert bm.lookup_prefix(seq("b", list(range(40)))) == []
+
+
+def test_reset_prefix_cache_is_refused_while_blocks_are_in_use():
+    bm = BlockManager(10, 16)
+    a = seq("a", list(range(40)))
+    admit(bm, a)
+    assert not bm.reset_prefix_cache()  # vLLM: "some blocks (3) are not freed yet"
+    assert bm.num_used_blocks == 3 and len(bm.hash_to_block) == 2  # nothing changed
+    bm.free_seq(a)
+    assert bm.num_used_blocks == 0 and bm.lookup_prefix(seq("b", list(range(40))))
+    assert bm.reset_prefix_cache()
+    b = seq("b", list(range(40)))
+    assert bm.lookup_prefix(b) == [] and admit(bm, b) == 0
+    assert all(h is None for i, h in enumerate(bm.block_hash) if i not in b.block_table[:2])

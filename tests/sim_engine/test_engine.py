@@ -152,3 +152,39 @@ def test_data_parallel_engines_and_least_outstanding_balancing():
     for i in range(5):
         engines[pick_engine(engines)].add_request(f"r{i}", list(range(10)), max_tokens=3)
     assert [e.num_outstanding for e in engines] == [3, 2]
+
+
+def test_reset_prefix_cache_drops_hits_for_a_repeated_prompt(h100_config):
+    e = Engine(h100_config, seed=0)
+    prompt = list(range(5000, 5400))  # 25 full blocks
+
+    def hit_tokens(rid):
+        e.add_request(rid, prompt, max_tokens=4)
+        before = e.stats.prefix_cache_hits_total
+        drain(e)
+        return e.stats.prefix_cache_hits_total - before
+
+    assert hit_tokens("first") == 0
+    assert hit_tokens("again") == 384  # 24 blocks: a hit always leaves a token to compute
+    assert e.reset_prefix_cache()
+    assert hit_tokens("after-reset") == 0
+    assert hit_tokens("cached-again") == 384
+
+
+def test_reset_prefix_cache_fails_while_requests_run_unless_they_are_preempted(h100_config):
+    e = Engine(h100_config, seed=0)
+    e.add_request("warm", list(range(320)), max_tokens=2)
+    drain(e)
+    e.add_request("busy", list(range(1000, 1320)), max_tokens=50)
+    now = e.step(0.0).duration_s
+    assert not e.reset_prefix_cache()  # blocks in use: refused, nothing forgotten
+    assert e.block_manager.lookup_prefix(e.requests["busy"])  # its own blocks are cached
+    assert e.reset_prefix_cache(reset_running_requests=True)
+    assert e.stats.num_running == 0 and e.stats.num_waiting == 1
+    assert e.stats.num_preemptions_total == 1
+    _, chunks, _ = drain(e, now)
+    assert sum(ev.new_tokens for ev in chunks["busy"]) == 49  # the rest of its 50 tokens
+    e.add_request("cold", list(range(320)), max_tokens=2)
+    before = e.stats.prefix_cache_hits_total
+    drain(e)
+    assert e.stats.prefix_cache_hits_total == before  # "warm" was forgotten

@@ -66,7 +66,11 @@ def test_model_that_does_not_fit_is_refused():
 
 def test_startup_log_lines():
     engine = Engine(build_engine_config("H100", LLAMA, []))
-    log = engine.startup_log
+    assert engine.startup_log[:2] == ["vLLM API server version 0.11.0+servelab.sim",
+                                      "Using max model len 131072"]
+    assert engine.startup_log[2].startswith("Initializing a V1 LLM engine (v0.11.0+servelab.sim) "
+                                            "with config: model='meta-llama/Llama-3.1-8B-Instruct'")
+    log = engine.startup_log[3:]
     assert re.fullmatch(r"Model loading took 14\.95\d\d GiB and \d+\.\d{6} seconds", log[0])
     assert re.fullmatch(r"Available KV cache memory: 5\d\.\d\d GiB", log[1])
     assert re.fullmatch(r"GPU KV cache size: 4\d\d,\d\d\d tokens", log[2])

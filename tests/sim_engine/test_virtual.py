@@ -93,3 +93,61 @@ def test_until_cuts_the_run(cfg):
 def test_percentile_matches_numpy_linear():
     assert percentile([1, 2, 3, 4], 50) == 2.5
     assert percentile([1, 2, 3, 4], 100) == 4 and percentile([7], 99) == 7
+
+
+def test_a_drained_run_ends_when_the_client_got_the_last_chunk(cfg):
+    # The client sees each chunk frontend_out_s after its step ends; a drained run's end_s must
+    # include that, or finished() and the throughput window leave the last requests out.
+    res = run_closed_loop(make_engines(cfg), 4, lambda i: VirtualRequest(prompt_len=100, output_len=10),
+                          duration_s=2.0, drain=True)
+    assert res.records and all(r.end_s is not None for r in res.records)
+    assert res.end_s == max(r.end_s for r in res.records)
+    assert len(res.finished()) == len(res.records)
+    total = sum(r.output_tokens for r in res.records)
+    assert res.output_throughput() * res.end_s == pytest.approx(total)
+    reqs = [VirtualRequest(prompt_len=200, output_len=20, arrival_s=0.3 * i) for i in range(5)]
+    open_res = run_open_loop(make_engines(cfg), reqs)
+    assert len(open_res.finished()) == 5 and open_res.samples[-1].t == open_res.end_s
+
+
+def test_max_in_flight_holds_arrivals_back_first_come_first_served(cfg):
+    reqs = [VirtualRequest(prompt_len=100, output_len=30, arrival_s=0.01 * i, request_id=f"r{i}")
+            for i in range(8)]
+    free = run_open_loop(make_engines(cfg), reqs)
+    assert [(r.sent_s, r.scheduled_s) for r in free.records] == [(q.arrival_s, None) for q in reqs]
+    res = run_open_loop(make_engines(cfg), reqs, max_in_flight=2)
+    recs = {r.request_id: r for r in res.records}
+    assert len(recs) == 8 and all(r.end_s is not None for r in recs.values())
+    assert all(recs[q.request_id].scheduled_s == q.arrival_s for q in reqs)
+    # Never more than two between sending and the last chunk received.
+    events = sorted([(r.sent_s, 1) for r in recs.values()] + [(r.end_s, -1) for r in recs.values()])
+    level = peak = 0
+    for _, step in events:
+        level += step
+        peak = max(peak, level)
+    assert peak == 2
+    # The first two go on time; each later one goes when an earlier one's last chunk arrives,
+    # in arrival order.
+    assert recs["r0"].send_delay_s == 0 and recs["r1"].send_delay_s == 0
+    ends = sorted(r.end_s for r in recs.values())
+    sends = [recs[f"r{i}"].sent_s for i in range(2, 8)]
+    assert sends == sorted(sends) and sends == pytest.approx(ends[:6])
+    assert all(recs[f"r{i}"].send_delay_s > 0.05 for i in range(2, 8))
+    assert res.end_s > free.end_s and res.dropped == []
+
+
+def test_a_capped_request_still_waiting_at_its_give_up_time_is_dropped(cfg):
+    from servelab.sim.virtual import InFlightCap, VirtualRunner
+
+    runner = VirtualRunner(make_engines(cfg))
+    cap = InFlightCap(1)
+    for i in range(4):
+        runner.submit(VirtualRequest(prompt_len=100, output_len=200, request_id=f"r{i}",
+                                     class_name="chat"), 0.01 * i, cap, give_up_s=0.5)
+    res = runner.run()
+    assert [r.request_id for r in res.records] == ["r0"]
+    assert [(d.request_id, d.class_name, d.scheduled_s, d.dropped_s) for d in res.dropped] == \
+        [("r1", "chat", 0.01, 0.5), ("r2", "chat", 0.02, 0.5), ("r3", "chat", 0.03, 0.5)]
+    assert res.records[0].end_s > 0.5 and cap.in_flight == 0 and not cap.waiting
+    with pytest.raises(ValueError, match="at least 1"):
+        InFlightCap(0)

@@ -32,6 +32,14 @@ def test_starts_serves_and_stops_on_sigterm(tmp_path):
     assert "GPU KV cache size:" in out and "Maximum concurrency for 2,048 tokens" in out
     assert f"at {url}" in out
     assert not ready.exists()
+    # vLLM's engine config line carries what verify needs, without the simulator's own line.
+    from servelab.orchestration.serverlog import parse_log
+
+    facts = parse_log("\n".join(line for line in out.splitlines() if "servelab sim:" not in line))
+    assert facts.engine_config_seen and facts.model == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert (facts.quantization, facts.dtype, facts.speculative_seen) == (None, "torch.bfloat16", True)
+    assert (facts.tensor_parallel_size, facts.data_parallel_size) == (1, 1)
+    assert facts.kv_cache_tokens and facts.max_num_batched_tokens == 8192
 
 
 def test_refuses_a_model_that_does_not_fit_with_vllms_message():

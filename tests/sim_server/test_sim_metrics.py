@@ -4,7 +4,7 @@ import asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.sim.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
-from sim_server_helpers import MODEL, get, post_json, sse_post
+from sim_server_helpers import MODEL, get, post_json, sse, sse_post
 
 VLLM_TYPES = {
     "vllm:num_requests_running": "gauge", "vllm:num_requests_waiting": "gauge",
@@ -117,3 +117,56 @@ def test_dp2_shows_two_engines_and_spec_decode_counters(spec_sim):
     assert positions == {"0", "1", "2", "3"}
     assert value(fam, "vllm:spec_decode_num_accepted_tokens_per_pos",
                  "vllm:spec_decode_num_accepted_tokens_per_pos_total") == accepted
+
+
+def test_mean_acceptance_length_follows_the_prompts_content(spec_sim):
+    """n-gram drafts on random token soup are mostly rejected; on English prose they are
+    accepted as often as the defaults say (vLLM's mean acceptance length = 1 + accepted/drafts)."""
+    import random
+
+    from servelab.paths import DATA_DIR
+
+    prose = (DATA_DIR / "modern_prose.txt").read_text().split()
+    rng = random.Random(11)
+
+    def english(i):
+        return " ".join(prose[300 * i:300 * i + 250])
+
+    def soup(i):
+        return [rng.randrange(1000, 16000) for _ in range(300)]
+
+    def mean_acceptance_length(make_prompt):
+        names = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
+        before = scrape(spec_sim.url)
+        drafts0, accepted0 = (value(before, n, n + "_total") for n in names)
+
+        async def burst():
+            return await asyncio.gather(*(sse_post(spec_sim.url, "/v1/completions", {
+                "model": MODEL, "prompt": make_prompt(i), "max_tokens": 48, "ignore_eos": True,
+                "temperature": 0, "stream": True}) for i in range(8)))
+
+        assert all(r.data[-1] == "[DONE]" for r in asyncio.run(burst()))
+        after = scrape(spec_sim.url)
+        drafts, accepted = (value(after, n, n + "_total") for n in names)
+        assert drafts - drafts0 > 30
+        return 1 + (accepted - accepted0) / (drafts - drafts0)
+
+    real, noise = mean_acceptance_length(english), mean_acceptance_length(soup)
+    assert real > 2.2 and noise < 1.5, (real, noise)
+
+
+def test_http_requests_total_counts_routes_methods_and_status_classes(sim):
+    def count(status, handler="/v1/completions"):
+        return value(scrape(sim.url), "http_requests", "http_requests_total", handler=handler,
+                     method="POST", status=status)
+
+    ok0, bad0 = count("2xx"), count("4xx")
+    assert post_json(sim.url, "/v1/completions", {"model": MODEL, "prompt": "hi",
+                                                  "max_tokens": 2})[0] == 200
+    assert sse(sim.url, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2,
+                                            "stream": True}).status == 200
+    assert post_json(sim.url, "/v1/completions", {"model": "nope", "prompt": "hi"})[0] == 404
+    assert (count("2xx"), count("4xx")) == (ok0 + 2, bad0 + 1)
+    fam = scrape(sim.url)
+    assert fam["http_requests"].type == "counter"
+    assert not {s.labels["handler"] for s in fam["http_requests"].samples} & {"/metrics", "/health"}

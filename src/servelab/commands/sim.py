@@ -59,18 +59,14 @@ def run(args) -> int:
     import gc
     import os
     import signal
-    import time
 
     from servelab.sim.faults import parse_faults
     from servelab.sim.kv_sizing import plan_kv_cache
     from servelab.sim.server import SimServer, log_stats, new_event_loop, resolve_config
+    from servelab.sim.startup_log import format_line, startup_lines
 
     def log(line: str) -> None:
-        stamp = time.strftime("%m-%d %H:%M:%S")
-        if line.startswith("WARNING "):
-            print(f"WARNING {stamp} [servelab.sim] {line[8:]}", flush=True)
-        else:
-            print(f"INFO {stamp} [servelab.sim] {line}", flush=True)
+        print(format_line(line), flush=True)
 
     if args.instances is not None and args.instances < 1:
         print("servelab sim: --instances: must be at least 1", file=sys.stderr)
@@ -82,14 +78,17 @@ def run(args) -> int:
         f"(TP={config.tensor_parallel_size}, DP={config.data_parallel_size}, "
         f"instances={instances}, kernel path {config.quant.name})")
     plan = plan_kv_cache(config)
-    for line in plan.log_lines:
+    for line in startup_lines(config, plan, args.seed):
         log(line)
     if plan.errors:
         print(_vllm_error_line(plan.errors[0]), file=sys.stderr, flush=True)
         return 1
     server = SimServer(config, seed=args.seed, faults=args.faults, instances=instances,
                        output_divergence=args.output_divergence, divergence_salt=salt,
-                       guard_s=max(args.timer_guard_ms, 0.0) / 1000.0)
+                       guard_s=max(args.timer_guard_ms, 0.0) / 1000.0, log=log)
+    if server.dev_mode:
+        log("WARNING SECURITY WARNING: Development endpoints are enabled! This should NOT be used "
+            "in production!")
 
     gc.freeze()  # start-up objects (corpus, tokenizer tables) stay out of later GC passes
     loop = new_event_loop()

@@ -97,8 +97,9 @@ def wait_healthy(server: RunningServer, timeout_s: float) -> None:
 
 
 def reset_prefix_cache(url: str) -> bool:
-    """POST /reset_prefix_cache; False where the server does not offer it (vLLM exposes it with
-    VLLM_SERVER_DEV_MODE=1; the simulator and most proxies do not)."""
+    """POST /reset_prefix_cache; False where the server does not offer it (vLLM and the simulator
+    expose it with VLLM_SERVER_DEV_MODE=1; most proxies do not). vLLM answers 200 even when it
+    could not reset because requests still hold blocks: call it while the server is idle."""
     request = urllib.request.Request(url.rstrip("/") + "/reset_prefix_cache", data=b"",
                                       method="POST")
     try:
@@ -117,7 +118,9 @@ def start_sim(variant: Variant, hardware: str, log_path: Path, seed: int = 0,
                "--hardware", hardware, "--host", "127.0.0.1", "--port", "0",
                "--ready-file", str(ready), "--seed", str(seed), *(extra_args or [])]
     handle = open(log_path, "w", encoding="utf-8")
-    env = dict(os.environ, SERVELAB_HOME=str(project_root()), PYTHONUNBUFFERED="1")
+    # Dev mode adds /reset_prefix_cache, as for `vllm serve` (start_local) and Compose.
+    env = dict(os.environ, SERVELAB_HOME=str(project_root()), PYTHONUNBUFFERED="1",
+               VLLM_SERVER_DEV_MODE="1")
     proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
     server = RunningServer(variant, "sim", "", log_path, [proc], _logs=[handle])

@@ -8,8 +8,11 @@ run uses: requests with chunk offsets and tokens per chunk, stages with their me
 and server metrics sampled from the engines each second, so every view and report works on it.
 
 Differences from a measured run, by design: no HTTP, tokenizer or client (no ``client_health``);
-``max_in_flight`` does not hold arrivals back (every arrival is sent on time); a request longer
-than ``max-model-len`` is recorded as vLLM's 400 without reaching the engine.
+a request longer than ``max-model-len`` is recorded as vLLM's 400 without reaching the engine.
+An open-loop stage's ``max_in_flight`` holds arrivals back as the load generator does: one cap
+per stage, an arrival that finds it full waits for a slot (``late`` when sent more than
+``LATE_MS`` after its time) and is ``dropped`` if still waiting when its stage ends (the last
+stage waits until the run drains); later turns of a session wait for a slot too.
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ from servelab.specs.variants import Variant
 
 FLAG_PREDICTED = "predicted"
 WORKER = "predict"
+LATE_MS = 10.0  # the load generator's --late-ms default
+DROPPED_TEXT = "max_in_flight was reached and no slot freed before the stage ended"
 _ID_BASE = 1 << 41  # explicit token ids of sessions, above the virtual runner's own ranges
 
 
@@ -34,7 +39,7 @@ class _Sent:
     """What the planner asked for, kept per request id until its record comes back."""
     planned: object
     stage: object
-    warmup: bool
+    measure_start: float
     scheduled_s: float | None
 
 
@@ -50,6 +55,8 @@ class _User:
     history: list = field(default_factory=list)
     endless: bool = True
     scheduled_s: float | None = None
+    cap: object = None                 # the stage's InFlightCap (open loop with max_in_flight)
+    give_up_s: float | None = None     # a first turn still waiting then is dropped
 
 
 @dataclass
@@ -118,15 +125,15 @@ class Predictor:
                               class_name=planned.class_name, request_id=rid), ids + output_ids
 
     def _submit(self, runner, planned, stage, window, sent_s: float, scheduled_s: float | None,
-                history: list[int] | None):
+                history: list[int] | None, cap=None, give_up_s: float | None = None):
         req, new_history = self._virtual_request(planned, history)
-        info = _Sent(planned, stage, sent_s < window["measure_start"], scheduled_s)
+        info = _Sent(planned, stage, window["measure_start"], scheduled_s)
         if req.prompt_len + req.output_len > self.config.max_model_len:
             # vLLM answers with 400 before the engine sees it; the user goes on at once.
             self._rejected.append((req.request_id, info, sent_s))
             return req.request_id, new_history, True
         self._sent[req.request_id] = info
-        runner.submit(req, sent_s)
+        runner.submit(req, sent_s, cap, give_up_s)
         return req.request_id, new_history, False
 
     # -- closed loop --------------------------------------------------------------------------
@@ -145,7 +152,8 @@ class Predictor:
             multi = planned.turns > 1
             scheduled = user.scheduled_s if first else None
             rid, history, rejected = self._submit(runner, planned, user.stage, window, sent,
-                                                  scheduled, user.history if multi else None)
+                                                  scheduled, user.history if multi else None,
+                                                  user.cap, user.give_up_s if first else None)
             if multi:
                 user.history = history
             if not rejected:
@@ -154,7 +162,7 @@ class Predictor:
             now = sent + 0.001
 
     def run(self) -> tuple[object, list[dict]]:
-        from servelab.sim.virtual import VirtualRunner
+        from servelab.sim.virtual import InFlightCap, VirtualRunner
 
         runner = VirtualRunner(self.engines, self.sample_interval_s)
         sessions = self.planner.sessions() if self.planner.load_kind != "trace" else None
@@ -183,12 +191,14 @@ class Predictor:
                     self._next_turn(runner, user, sessions, win, start)
             else:
                 # Open loop: each arrival starts a session (usually of one request).
+                cap = InFlightCap(st.max_in_flight) if st.max_in_flight else None
+                give_up = None if st is self.stages[-1] else win["end"]
                 turns: list = []
                 for planned in self.planner.arrivals(st.index) + [None]:
                     if turns and (planned is None or planned.turn == 1):
                         at = win["start"] + turns[0].arrival_s
                         user = _User(stop_s=float("inf"), stage=st, session=turns,
-                                     endless=False, scheduled_s=at)
+                                     endless=False, scheduled_s=at, cap=cap, give_up_s=give_up)
                         self._next_turn(runner, user, None, win, at)
                         turns = []
                     if planned is not None:
@@ -205,10 +215,15 @@ class Predictor:
             p = info.planned
             seq += 1
             last = rec.chunk_times[-1] if rec.chunk_times else None
+            arrival_status = None
+            if open_loop:
+                late = (info.scheduled_s is not None
+                        and (rec.sent_s - info.scheduled_s) * 1000 > LATE_MS)
+                arrival_status = "late" if late else "on_time"
             requests.append({
                 "run_id": run_id, "request_id": rec.request_id, "worker": WORKER,
                 "worker_seq": seq, "class_name": p.class_name, "stage": info.stage.index,
-                "level": info.stage.level, "warmup": info.warmup,
+                "level": info.stage.level, "warmup": rec.sent_s < info.measure_start,
                 "scheduled_unix": None if info.scheduled_s is None else anchor + info.scheduled_s,
                 "sent_unix": anchor + rec.sent_s,
                 "first_token_unix": None if rec.first_token_s is None else anchor + rec.first_token_s,
@@ -224,7 +239,7 @@ class Predictor:
                 "cached_tokens": rec.cached_tokens,
                 "finish_reason": rec.finish_reason, "http_status": 200,
                 "error_kind": None if rec.end_s is not None else "cut",
-                "error_text": None, "arrival_status": "on_time" if open_loop else None,
+                "error_text": None, "arrival_status": arrival_status,
                 "prefix_group": p.prefix_group,
                 "session_id": None if p.session_id is None else str(p.session_id),
                 "turn": p.turn})
@@ -234,7 +249,7 @@ class Predictor:
             requests.append({
                 "run_id": run_id, "request_id": rid, "worker": WORKER, "worker_seq": seq,
                 "class_name": p.class_name, "stage": info.stage.index, "level": info.stage.level,
-                "warmup": info.warmup,
+                "warmup": sent_s < info.measure_start,
                 "scheduled_unix": None if info.scheduled_s is None else anchor + info.scheduled_s,
                 "sent_unix": anchor + sent_s, "done_unix": anchor + sent_s + 0.001,
                 "chunk_offsets_ms": [], "chunk_tokens": [],
@@ -243,6 +258,21 @@ class Predictor:
                 "error_text": f"This model's maximum context length is "
                               f"{self.config.max_model_len} tokens.",
                 "arrival_status": "on_time" if open_loop else None,
+                "prefix_group": p.prefix_group,
+                "session_id": None if p.session_id is None else str(p.session_id),
+                "turn": p.turn})
+        for d in result.dropped:
+            info = self._sent[d.request_id]
+            p = info.planned
+            seq += 1
+            requests.append({
+                "run_id": run_id, "request_id": d.request_id, "worker": WORKER, "worker_seq": seq,
+                "class_name": p.class_name, "stage": info.stage.index, "level": info.stage.level,
+                "warmup": d.scheduled_s < info.measure_start,
+                "scheduled_unix": anchor + d.scheduled_s, "done_unix": anchor + d.dropped_s,
+                "chunk_offsets_ms": [], "chunk_tokens": [],
+                "prompt_tokens_target": p.prompt_tokens, "output_tokens_target": p.output_tokens,
+                "error_kind": "dropped", "error_text": DROPPED_TEXT, "arrival_status": "dropped",
                 "prefix_group": p.prefix_group,
                 "session_id": None if p.session_id is None else str(p.session_id),
                 "turn": p.turn})

@@ -28,11 +28,6 @@ _LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
 _CHUNKED = re.compile(r"max_num_batched_tokens=(\d+)")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 _SPEC_OBJ = re.compile(r"SpeculativeConfig\((.*?)\)")
-# The simulator's own first line (it has no "Initializing a V1 LLM engine" line of its own).
-_SIM = re.compile(r"servelab sim: (\S+) on (\S+) \(TP=(\d+), DP=(\d+), instances=(\d+), "
-                  r"kernel path ([\w-]+)\)")
-_SIM_QUANT = {"bf16": None, "fp8-w8a8": "fp8", "fp8-w8a16-marlin": "fp8", "awq-gemm": "awq",
-              "gptq-exllama": "gptq"}
 _ERROR = re.compile(r"\b((?:ValueError|RuntimeError|torch\.OutOfMemoryError|"
                     r"torch\.cuda\.OutOfMemoryError|AssertionError): .*)$")
 _PREFIX = re.compile(r"^(?:\(\w+(?: rank=\d+)? pid=\d+\)\s*)?"
@@ -103,8 +98,6 @@ def parse_log(text: str, facts: ServerFacts | None = None) -> ServerFacts:
         if m := _ENGINE.search(msg):
             facts.vllm_version = m.group(1)
             _engine_config(m.group(2), facts)
-        if (m := _SIM.search(msg)) and not facts.engine_config_seen:
-            _sim_line(m, facts)
         if m := _NON_DEFAULT.search(msg):
             _non_default_args(m.group(1), facts)
         if m := _KV_TOKENS.search(msg):
@@ -148,16 +141,6 @@ def _engine_config(config: str, facts: ServerFacts) -> None:
     elif m := _SPEC_OBJ.search(config):
         facts.speculative_seen = True
         facts.speculative = _spec_from_repr(m.group(1))
-
-
-def _sim_line(m: re.Match, facts: ServerFacts) -> None:
-    facts.engine_config_seen = True
-    facts.model = m.group(1)
-    facts.tensor_parallel_size = int(m.group(3))
-    facts.data_parallel_size = int(m.group(4))
-    path = m.group(6)
-    # w4a16-marlin: the method (gptq_marlin / awq_marlin) comes from the "convertible" line.
-    facts.quantization = _SIM_QUANT.get(path, facts.marlin_conversion or path)
 
 
 def _spec_from_repr(body: str) -> dict:

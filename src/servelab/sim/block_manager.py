@@ -121,6 +121,20 @@ class BlockManager:
                     self.block_hash[b] = h
         seq.num_committed_blocks = full
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block, as vLLM's BlockPool.reset_prefix_cache does: refused
+        (False, nothing changed) while any block is in use, since a running request's blocks are
+        both cached and its own KV; once everything is free, no later request can hit."""
+        if len(self.free) != self.num_blocks:
+            return False
+        self.hash_to_block.clear()
+        self.block_hash = [None] * self.num_blocks
+        return True
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self.free)
+
     def free_seq(self, seq: Sequence) -> None:
         """Drop the sequence's references. Its last blocks go to the free queue first, so they are
         evicted before its prefix (which other requests are likelier to share)."""

@@ -16,6 +16,7 @@ from servelab.sim.kv_sizing import KVPlan, plan_kv_cache
 from servelab.sim.scheduler import Scheduler
 from servelab.sim.sequence import Sequence, Status
 from servelab.sim.spec_decode import SpecDecoder
+from servelab.sim.startup_log import startup_lines
 from servelab.specs.engine_config import EngineConfig
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -89,7 +90,7 @@ class Engine:
         self.kv_plan: KVPlan = plan_kv_cache(config)
         if self.kv_plan.errors:
             raise EngineStartupError(self.kv_plan.errors[0])
-        self.startup_log: list[str] = list(self.kv_plan.log_lines)
+        self.startup_log: list[str] = startup_lines(config, self.kv_plan, seed)
         self.rng = random.Random(seed * 1_000_003 + engine_index)
         self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size,
                                           config.enable_prefix_caching)
@@ -138,6 +139,14 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """vLLM's ``reset_prefix_cache``: forget all cached blocks so that no later request hits.
+        It fails (False, nothing changed) while requests hold blocks, unless
+        ``reset_running_requests`` first preempts them (they recompute when admitted again)."""
+        if reset_running_requests:
+            self.scheduler.preempt_all()
+        return self.block_manager.reset_prefix_cache()
 
     def get_sequence(self, request_id: str) -> Sequence | None:
         """An unfinished request's state (finished ones come back in ``StepOutput.finished``)."""

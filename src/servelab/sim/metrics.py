@@ -13,6 +13,10 @@ Where each value comes from, as in vLLM:
   TTFT/ITL/E2E (from arrival to delivery), and per request queue/prefill/decode/inference times
   from the engine's scheduling timestamps.
 
+``http_requests_total{handler,method,status}`` counts requests per route as vLLM's
+prometheus_fastapi_instrumentator does (status as "2xx", "4xx", ...; /metrics, /health, /ping,
+/version not counted).
+
 The simulator adds ``servelab:sim_lag_seconds`` (gauge, last step) and
 ``servelab:sim_lag_max_seconds``, the histogram ``servelab:sim_step_lag_seconds`` (how late each
 step's tokens were delivered against the engine's schedule), ``servelab:sim_delivery_seconds`` (time
@@ -148,12 +152,14 @@ class SimCollector(Collector):
     """Builds the metric families from the engines' stats and the frontend's records."""
 
     def __init__(self, model_name: str, engines, frontend: list[EngineMetrics],
-                 cache_info: dict[str, str], spec_k: int):
+                 cache_info: dict[str, str], spec_k: int,
+                 http_requests: dict[tuple[str, str, str], int] | None = None):
         self.model_name = model_name
         self.engines = engines
         self.frontend = frontend
         self.cache_info = cache_info
         self.spec_k = spec_k
+        self.http_requests = {} if http_requests is None else http_requests
         self.created = time.time()
 
     def _base(self, i: int) -> dict:
@@ -268,6 +274,14 @@ class SimCollector(Collector):
                 "Accepted tokens per draft position.",
                 [{p: (s.spec_accepted_per_pos_total[p] if p < len(s.spec_accepted_per_pos_total)
                       else 0) for p in range(self.spec_k)} for s in stats], extra="position")
+
+        http = Metric("http_requests", "Total number of requests by method, status and handler.",
+                      "counter")
+        for (handler, method, status), count in sorted(self.http_requests.items()):
+            labels = {"handler": handler, "method": method, "status": status}
+            http.add_sample("http_requests_total", labels, float(count))
+            http.add_sample("http_requests_created", labels, self.created)
+        yield http
 
         yield self._gauge("servelab:sim_lag_seconds",
                           "How late the last step's tokens were delivered against the engine's "

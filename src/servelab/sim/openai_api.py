@@ -31,6 +31,12 @@ from servelab.sim.realtime import (
 from servelab.sim.tokenizer import ChatTemplateError, render_chat
 
 SIM = web.AppKey("sim", object)
+_BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True,
+               "false": False, "0": False, "no": False, "off": False}  # FastAPI's bool query values
+# prometheus_fastapi_instrumentator as vLLM sets it up: these handlers are not counted.
+UNCOUNTED_HANDLERS = frozenset(("/metrics", "/health", "/load", "/ping", "/version",
+                                "/server_info"))
+STREAM_STARTED = web.RequestKey("stream_started", bool)
 SSE_HEADERS = {"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
 _FAULT_STATUS = {
     "http429": (429, "RateLimitError", "Too many requests: rate limit reached (injected fault)."),
@@ -100,6 +106,7 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
         resp.enable_chunked_encoding()
         await resp.prepare(request)
+        request[STREAM_STARTED] = True  # the status line (200) is out, whatever happens next
         stream.transport = request.transport
     driver.submit(stream, sreq.prompt_ids, sreq.max_tokens, sreq.min_tokens, sreq.ignore_eos,
                   eos_after, sim.spec_acceptance_hint(sreq.prompt_ids))
@@ -178,6 +185,18 @@ async def detokenize(request: web.Request) -> web.Response:
     return json_response(orjson.dumps({"prompt": sim.tokenizer.decode(tokens)}))
 
 
+async def reset_prefix_cache(request: web.Request) -> web.Response:
+    """vLLM's development endpoint: 200 with an empty body whether or not every engine could
+    reset (vLLM does not check either; a refusal is logged, as vLLM's engine logs it)."""
+    sim = request.app[SIM]
+    flag = request.query.get("reset_running_requests", "false").lower()
+    if flag not in _BOOL_WORDS:
+        return error_response(ApiError(400, f"reset_running_requests: found {flag!r}; allowed "
+                                            "true or false", param="reset_running_requests"))
+    sim.reset_prefix_cache(_BOOL_WORDS[flag])
+    return web.Response(status=200)
+
+
 async def sim_requests(request: web.Request) -> web.Response:
     """Finished requests in finishing order: ``?since=EPOCH`` (finished at or after),
     ``?cursor=SEQ`` (seq greater than), ``?limit=N``."""
@@ -203,6 +222,29 @@ async def sim_requests(request: web.Request) -> web.Response:
                                        "in_flight": sum(d.outstanding for d in sim.drivers)}))
 
 
+@web.middleware
+async def count_http_requests(request: web.Request, handler):
+    """``http_requests_total{handler,method,status}``: the route template, the method and the
+    status class of the status line sent (500 when none was, as the instrumentator counts)."""
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        if request.get(STREAM_STARTED):
+            status = 200
+        resource = request.match_info.route.resource
+        path = resource.canonical if resource is not None else "none"
+        if path not in UNCOUNTED_HANDLERS:
+            key = (path, request.method, f"{status // 100}xx")
+            counts = request.app[SIM].http_requests
+            counts[key] = counts.get(key, 0) + 1
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
@@ -214,3 +256,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/version", version)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/sim/requests", sim_requests)
+    if app[SIM].dev_mode:
+        app.router.add_post("/reset_prefix_cache", reset_prefix_cache)

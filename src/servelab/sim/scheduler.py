@@ -56,6 +56,16 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def preempt_all(self) -> list[Sequence]:
+        """Send every running request back to waiting (newest first, so the oldest stays at the
+        head of the queue); they recompute from scratch when admitted again."""
+        victims = []
+        while self.running:
+            victim = self.running.pop()
+            self._preempt(victim)
+            victims.append(victim)
+        return victims
+
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         bm = self.block_manager

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import socket
 import threading
 import time
-from array import array
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -27,9 +27,10 @@ from servelab.errors import ServelabError
 from servelab.sim.balancer import make_engines
 from servelab.sim.faults import FaultPlan, parse_faults
 from servelab.sim.metrics import EngineMetrics, MetricsExporter, SimCollector
-from servelab.sim.openai_api import SIM, add_routes
+from servelab.sim.openai_api import SIM, add_routes, count_http_requests
 from servelab.sim.protocol import ServedModel, SimRequest
 from servelab.sim.realtime import EngineDriver, RequestRecord, clock
+from servelab.sim.spec_hint import acceptance_hint, equivalent_acceptance
 from servelab.sim.textgen import OutputText, get_corpus, request_key
 from servelab.sim.tokenizer import get_tokenizer
 from servelab.specs.engine_config import EngineConfig, build_engine_config
@@ -42,7 +43,15 @@ DEFAULT_DIVERGENCE = {"bf16": 0.0, "fp8-w8a8": 0.002, "fp8-w8a16-marlin": 0.002,
                       "w4a16-marlin": 0.005, "awq-gemm": 0.005, "gptq-exllama": 0.005}
 FP8_KV_DIVERGENCE = 0.001
 INLINE_TOKENIZE_CHARS = 1024
-NGRAM_WINDOW = 2048  # tokens of the prompt's end examined for the n-gram acceptance hint
+
+
+def server_dev_mode(environ=os.environ) -> bool:
+    """vLLM's ``VLLM_SERVER_DEV_MODE`` (an integer; non-zero turns development endpoints on)."""
+    value = environ.get("VLLM_SERVER_DEV_MODE", "0").strip() or "0"
+    try:
+        return bool(int(value))
+    except ValueError:
+        raise ServelabError(f"VLLM_SERVER_DEV_MODE: found {value!r}; allowed 0 or 1") from None
 
 
 def default_divergence(config: EngineConfig) -> float:
@@ -52,30 +61,14 @@ def default_divergence(config: EngineConfig) -> float:
     return d
 
 
-def ngram_repetition(prompt_ids, n: int = 3) -> float:
-    """Share of the prompt's n-grams that already occurred earlier in it (0 = none)."""
-    if len(prompt_ids) <= n:
-        return 0.0
-    raw = array("i", prompt_ids).tobytes()
-    width = 4 * n
-    seen = set()
-    repeats = 0
-    for off in range(0, len(raw) - width + 1, 4):
-        gram = raw[off:off + width]
-        if gram in seen:
-            repeats += 1
-        else:
-            seen.add(gram)
-    return repeats / (len(prompt_ids) - n + 1)
-
-
 class SimServer:
     """Engines, their real-time drivers, and everything the HTTP handlers share."""
 
     def __init__(self, config: EngineConfig, *, seed: int = 0, faults: str | None = None,
                  instances: int = 1, output_divergence: float | None = None,
                  divergence_salt: str | None = None, guard_s: float = 0.001,
-                 resync_after_s: float = 0.05, max_records: int = 200_000):
+                 resync_after_s: float = 0.05, max_records: int = 200_000,
+                 dev_mode: bool | None = None, log=None):
         if output_divergence is not None and not 0.0 <= output_divergence < 1.0:
             raise ServelabError(f"--output-divergence: found {output_divergence}; allowed "
                                 "0 <= d < 1 (probability per output token)")
@@ -95,6 +88,8 @@ class SimServer:
         self.divergence_salt = divergence_salt or f"{config.quant.name}/{config.kv_cache_dtype}"
         self._sample_rng = random.Random(f"servelab-sampling-{seed}")
         self.spec_method = config.speculative.method if config.speculative else None
+        self.spec_base = (equivalent_acceptance(config.speculative.acceptance)
+                          if config.speculative else None)
         self.frontend = [EngineMetrics(config.max_model_len) for _ in self.engines]
         self.drivers = [EngineDriver(e, m, self._on_finished, guard_s, resync_after_s)
                         for e, m in zip(self.engines, self.frontend)]
@@ -105,9 +100,10 @@ class SimServer:
             "num_cpu_blocks": "None", "swap_space": "4", "is_attention_free": "False",
             "sliding_window": "None",
         }
+        self.http_requests: dict[tuple[str, str, str], int] = {}  # (handler, method, "2xx")
         self.exporter = MetricsExporter(SimCollector(
             config.served_model_name, self.engines, self.frontend, cache_info,
-            config.num_speculative_tokens))
+            config.num_speculative_tokens, self.http_requests))
         self.records: list[RequestRecord] = []
         self._next_seq = 1
         self.max_records = max_records
@@ -116,6 +112,10 @@ class SimServer:
         self._tokenize_pool = ThreadPoolExecutor(2, thread_name_prefix="servelab-tokenize")
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
+        # vLLM serves its development endpoints (/reset_prefix_cache) only with
+        # VLLM_SERVER_DEV_MODE=1; so does the simulator.
+        self.dev_mode = server_dev_mode() if dev_mode is None else dev_mode
+        self.log = log or (lambda line: None)
 
     # -- per request ---------------------------------------------------------------------------
     async def encode(self, text: str) -> list[int]:
@@ -144,14 +144,12 @@ class SimServer:
         return text, eos_after
 
     def spec_acceptance_hint(self, prompt_ids) -> float | None:
-        """n-gram drafts come from the prompt: a prompt that repeats itself (code edits,
-        summaries of quoted text) gets higher acceptance than the engine's default."""
-        if self.spec_method != "ngram":
+        """Speculative acceptance from the prompt (``spec_hint``): low on random token soup, the
+        method's default on prose, higher for prompt lookup on text that repeats itself."""
+        if self.spec_method is None:
             return None
-        r = ngram_repetition(prompt_ids[-NGRAM_WINDOW:])
-        if r < 0.2:
-            return None
-        return min(0.95, 0.7 + 0.25 * (r - 0.2) / 0.8)
+        return acceptance_hint(self.spec_method, prompt_ids, self.tokenizer.vocab_size,
+                               self.spec_base)
 
     def _on_finished(self, driver: EngineDriver, stream, seq) -> None:
         rec = stream.record
@@ -165,6 +163,19 @@ class SimServer:
             engine_first_token=getattr(seq, "first_token_time", None),
             engine_last_token=getattr(seq, "last_token_time", None))
         self.add_record(rec)
+
+    def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+        """Reset every engine's prefix cache, logging vLLM's lines; True if all of them did."""
+        self.log("Resetting prefix cache...")
+        ok = True
+        for engine in self.engines:
+            if engine.reset_prefix_cache(reset_running_requests):
+                self.log("Successfully reset prefix cache")
+            else:
+                ok = False
+                self.log(f"WARNING Failed to reset prefix cache because some blocks "
+                         f"({engine.block_manager.num_used_blocks}) are not freed yet")
+        return ok
 
     def add_record(self, rec: RequestRecord) -> None:
         rec.seq = self._next_seq
@@ -181,7 +192,7 @@ class SimServer:
 
     # -- serving -------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 << 20)
+        app = web.Application(client_max_size=64 << 20, middlewares=[count_http_requests])
         app[SIM] = self
         add_routes(app)
         return app

@@ -8,12 +8,19 @@ periodic samples of the engines' gauges and counters, which is what a benchmark 
 
 Client-side times add a small frontend latency on either side of the engine (HTTP parsing,
 tokenization, the hop to the engine core; detokenizing and writing the SSE chunk).
+
+An open loop can be capped like the load generator's ``max_in_flight``: requests submitted with
+an ``InFlightCap`` wait, first come first served, while ``limit`` of them are in flight, and leave
+when a finished one frees a slot. Each record keeps the time it was meant to go (``scheduled_s``)
+and the time it went (``sent_s``); one that waits past its ``give_up_s`` is recorded in
+``VirtualResult.dropped`` instead.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import statistics
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence as Seq
 from dataclasses import dataclass, field
 
@@ -58,6 +65,12 @@ class RequestRecord:
     finish_reason: str | None = None
     num_preemptions: int = 0
     queue_s: float | None = None            # engine arrival -> first scheduled
+    scheduled_s: float | None = None        # capped: when it was meant to go (sent_s >= it)
+
+    @property
+    def send_delay_s(self) -> float:
+        """How long an in-flight cap held it back (0 when it went on time)."""
+        return 0.0 if self.scheduled_s is None else self.sent_s - self.scheduled_s
 
     @property
     def ttft(self) -> float | None:
@@ -77,6 +90,29 @@ class RequestRecord:
     def itls(self) -> list[float]:
         t = self.chunk_times
         return [t[i] - t[i - 1] for i in range(1, len(t))]
+
+
+@dataclass
+class DroppedRequest:
+    """A capped request that was still waiting for a slot at its ``give_up_s``: never sent."""
+    request_id: str
+    class_name: str
+    scheduled_s: float
+    dropped_s: float
+
+
+@dataclass
+class InFlightCap:
+    """At most ``limit`` of the requests submitted with this cap in flight at once (from sending
+    to the client receiving the last chunk); the rest wait in ``waiting``, first come first
+    served. One cap per group that shares a limit, e.g. one per open-loop stage."""
+    limit: int
+    in_flight: int = 0
+    waiting: deque = field(default_factory=deque)
+
+    def __post_init__(self):
+        if self.limit < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {self.limit}")
 
 
 @dataclass
@@ -100,20 +136,23 @@ class StatSample:
 class VirtualResult:
     records: list[RequestRecord]
     samples: list[StatSample]
-    end_s: float
+    end_s: float                # the last event the client saw (or until_s)
     engines: list[Engine]
+    dropped: list[DroppedRequest] = field(default_factory=list)
 
     def finished(self, start_s: float = 0.0, end_s: float | None = None) -> list[RequestRecord]:
         end = self.end_s if end_s is None else end_s
         return [r for r in self.records if r.end_s is not None and start_s <= r.end_s <= end]
 
     def output_throughput(self, start_s: float = 0.0, end_s: float | None = None) -> float:
-        """Output tokens per second of the chunks received inside the window."""
+        """Output tokens per second of the chunks received in [start_s, end_s); without end_s,
+        up to and including the run's last chunk."""
         end = self.end_s if end_s is None else end_s
+        inclusive = end_s is None
         tokens = 0
         for r in self.records:
             for t, n in zip(r.chunk_times, r.chunk_tokens):
-                if start_s <= t < end:
+                if start_s <= t and (t < end or (inclusive and t == end)):
                     tokens += n
         return tokens / (end - start_s) if end > start_s else 0.0
 
@@ -163,19 +202,58 @@ class VirtualRunner:
         self._tick = itertools.count()
         self._busy = [False] * len(engines)
         self._live: dict[str, RequestRecord] = {}
+        self._caps: dict[str, InFlightCap] = {}
         self.records: list[RequestRecord] = []
         self.samples: list[StatSample] = []
+        self.dropped: list[DroppedRequest] = []
         self._next_index = 0
         self.now = 0.0
+        self._last_client_s = 0.0
         # Gauges as of each engine's last completed step: step() updates state at once, but that
         # state belongs to the step's end, as in vLLM where stats come with each step's output.
         self._current = [self._snapshot(e) for e in engines]
         self.on_finish: Callable[[RequestRecord, float], None] | None = None
 
-    def submit(self, req: VirtualRequest, sent_s: float) -> None:
+    def submit(self, req: VirtualRequest, sent_s: float, cap: InFlightCap | None = None,
+               give_up_s: float | None = None) -> None:
+        """Send ``req`` at ``sent_s``; with a ``cap``, at the first moment after it when a slot
+        is free, unless that is later than ``give_up_s``."""
         index = self._next_index
         self._next_index += 1
-        heapq.heappush(self._heap, (sent_s + self.frontend_in_s, next(self._tick), "arrive", (req, index, sent_s)))
+        if cap is None:
+            self._push(sent_s + self.frontend_in_s, "arrive", (req, index, sent_s, None, None))
+        else:
+            self._push(sent_s, "send", (req, index, sent_s, cap, give_up_s))
+
+    def _push(self, t: float, kind: str, payload) -> None:
+        heapq.heappush(self._heap, (t, next(self._tick), kind, payload))
+
+    def _send(self, t: float, req: VirtualRequest, index: int, scheduled_s: float,
+              cap: InFlightCap, give_up_s: float | None) -> None:
+        if cap.in_flight < cap.limit:
+            cap.in_flight += 1
+            self._push(t + self.frontend_in_s, "arrive", (req, index, t, scheduled_s, cap))
+            return
+        entry = (index, req, scheduled_s)  # the index first: unique, so removal compares little
+        cap.waiting.append(entry)
+        if give_up_s is not None:
+            self._push(max(t, give_up_s), "give_up", (cap, entry))
+
+    def _give_up(self, t: float, cap: InFlightCap, entry: tuple) -> None:
+        try:
+            cap.waiting.remove(entry)
+        except ValueError:
+            return  # a slot freed up in time
+        index, req, scheduled_s = entry
+        self.dropped.append(DroppedRequest(req.request_id or f"req-{index}", req.class_name,
+                                           scheduled_s, t))
+
+    def _release(self, cap: InFlightCap, t: float) -> None:
+        cap.in_flight -= 1
+        if cap.waiting:
+            index, req, scheduled_s = cap.waiting.popleft()
+            cap.in_flight += 1
+            self._push(t + self.frontend_in_s, "arrive", (req, index, t, scheduled_s, cap))
 
     @staticmethod
     def _snapshot(e: Engine) -> tuple:
@@ -193,9 +271,10 @@ class VirtualRunner:
             self._current[i] = self._snapshot(engine)
             return
         self._busy[i] = True
-        heapq.heappush(self._heap, (t + out.duration_s, next(self._tick), "step", (i, out, self._snapshot(engine))))
+        self._push(t + out.duration_s, "step", (i, out, self._snapshot(engine)))
 
-    def _arrive(self, t: float, req: VirtualRequest, index: int, sent_s: float) -> None:
+    def _arrive(self, t: float, req: VirtualRequest, index: int, sent_s: float,
+                scheduled_s: float | None, cap: InFlightCap | None) -> None:
         rid = req.request_id or f"req-{index}"
         i = least_outstanding([e.num_outstanding for e in self.engines])
         ids = prompt_ids_for(req, index)
@@ -204,7 +283,10 @@ class VirtualRunner:
         self.engines[i].add_request(rid, ids, max_tokens, min_tokens=req.min_tokens,
                                     ignore_eos=req.ignore_eos, eos_after=eos_after, arrival_time=t,
                                     spec_acceptance=req.spec_acceptance)
-        rec = RequestRecord(rid, req.class_name, i, sent_s, len(ids), max_tokens)
+        rec = RequestRecord(rid, req.class_name, i, sent_s, len(ids), max_tokens,
+                            scheduled_s=scheduled_s)
+        if cap is not None:
+            self._caps[rid] = cap
         self._live[rid] = rec
         self.records.append(rec)
         if not self._busy[i]:
@@ -214,6 +296,8 @@ class VirtualRunner:
     def _step_done(self, t: float, i: int, out: StepOutput, snapshot: tuple) -> None:
         self._current[i] = snapshot
         client_t = t + self.frontend_out_s
+        if out.events:
+            self._last_client_s = client_t
         live = self._live
         for ev in out.events:
             rec = live[ev.request_id]
@@ -229,6 +313,9 @@ class VirtualRunner:
             rec.cached_tokens = max(0, seq.num_cached_tokens)
             rec.num_preemptions = seq.num_preemptions
             rec.queue_s = seq.first_scheduled_time - seq.arrival_time
+            cap = self._caps.pop(seq.request_id, None)
+            if cap is not None:
+                self._release(cap, client_t)
             if self.on_finish is not None:
                 self.on_finish(rec, client_t)
         if self.engines[i].has_unfinished():
@@ -255,22 +342,32 @@ class VirtualRunner:
             self.now = t
             if kind == "step":
                 self._step_done(t, *payload)
-            else:
+            elif kind == "arrive":
                 self._arrive(t, *payload)
-        end = self.now if until_s is None else max(self.now, until_s)
+            elif kind == "send":
+                self._send(t, *payload)
+            else:
+                self._give_up(t, *payload)
+        # Drained: the run ends when the client receives the last chunk, frontend_out_s after
+        # the engine's last step.
+        end = max(self.now, self._last_client_s) if until_s is None else max(self.now, until_s)
         while next_sample <= end:
             self._sample(next_sample)
             next_sample += self.sample_interval_s
         if self.sample_interval_s > 0 and (not self.samples or self.samples[-1].t < end):
             self._sample(end)  # the final state, off the regular grid
-        return VirtualResult(self.records, self.samples, end, self.engines)
+        return VirtualResult(self.records, self.samples, end, self.engines, self.dropped)
 
 
 def run_open_loop(engines: list[Engine], requests: Iterable[VirtualRequest], until_s: float | None = None,
-                  sample_interval_s: float = 1.0, **frontend) -> VirtualResult:
+                  sample_interval_s: float = 1.0, max_in_flight: int | None = None,
+                  **frontend) -> VirtualResult:
+    """Send each request at its ``arrival_s``; with ``max_in_flight``, arrivals that find that
+    many in flight wait for a slot (``RequestRecord.scheduled_s`` keeps the arrival time)."""
     runner = VirtualRunner(engines, sample_interval_s, **frontend)
+    cap = InFlightCap(max_in_flight) if max_in_flight is not None else None
     for req in requests:
-        runner.submit(req, req.arrival_s)
+        runner.submit(req, req.arrival_s, cap)
     return runner.run(until_s)
 
 

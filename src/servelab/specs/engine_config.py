@@ -168,6 +168,7 @@ def choose_quant_path(hw: HardwareSpec, model: ModelSpec, requested: str | None)
                              kernel="ExllamaLinearKernel"), logs, warns
         marlin = f"{ckpt}_marlin"
         logs.append(f"The model is convertible to {marlin} during runtime. Using {marlin} kernel.")
+        logs.append(f"Using MarlinLinearKernel for {ckpt.upper()}MarlinLinearMethod")
         return QuantPath("w4a16-marlin", marlin, W4_BYTES_PER_PARAM, bf16, 0.85, bw_penalty=0.9,
                          kernel="MarlinLinearKernel"), logs, warns
     raise ServelabError(f"--quantization {method}: not simulated; use fp8, awq, gptq (or their _marlin forms)")
