@@ -3,7 +3,11 @@
 --   stages, min_level, max_level from `stages`; duration_s = finished_unix - started_unix.
 --   rows_lost = sum over workers of greatest(produced - stored, 0) + in_flight_lost (run_workers):
 --     rows produced but not stored, plus requests in flight when a worker was lost;
---   flags = runs.flags, plus 'rows_lost' when rows_lost > 0 and the writer did not flag it.
+--   flags = runs.flags, plus 'rows_lost' when rows_lost > 0 and the writer did not flag it
+--     (servelab verify / matrix add 'unverified' or 'variant_mismatch' to runs.flags);
+--   verification_status = runs.verification->>'status' (verified | mismatch | unverified |
+--     failed_to_start; NULL when the run was never checked);
+--   verified = verification_status = 'verified' (false when never checked).
 CREATE OR REPLACE VIEW run_overview AS
 WITH
 req AS (
@@ -51,7 +55,8 @@ SELECT
          THEN list_append(coalesce(r.flags, []), 'rows_lost')
          ELSE coalesce(r.flags, []) END AS flags,
     r.tags,
-    r.verification IS NOT NULL AS verified
+    r.verification->>'status' AS verification_status,
+    coalesce(r.verification->>'status' = 'verified', false) AS verified
 FROM runs r
 LEFT JOIN req ON req.run_id = r.run_id
 LEFT JOIN st ON st.run_id = r.run_id

@@ -11,6 +11,9 @@
 --     the baseline's (the larger of the two); within_noise = |value - baseline_value| <= noise_band,
 --     NULL when neither configuration was repeated. (servelab compare adds bootstrap confidence
 --     intervals computed over the raw requests.)
+--   flags, baseline_flags = run_overview.flags of the run and of the baseline run (e.g.
+--     unverified, variant_mismatch, generator_saturated): a row whose flags are not empty
+--     compares a figure that must not be read as a clean measurement of its variant.
 -- Metrics: ttft_p50_ms, ttft_p99_ms, ttft_p99_adj_ms, itl_p50_ms, itl_p99_ms (per-token view),
 --   tpot_p50_ms, tpot_p99_ms, e2e_p50_ms, e2e_p99_ms, error_rate (lower is better);
 --   output_tokens_per_s, output_tokens_per_s_per_gpu, requests_per_s, goodput, slo_attainment
@@ -25,6 +28,9 @@ run_keys AS (
             ORDER BY coalesce(tags['baseline'] = 'true', false) DESC, started_unix, run_id
         ) AS baseline_run
     FROM runs
+),
+run_flags AS (
+    SELECT run_id, flags FROM run_overview
 ),
 wide AS (
     SELECT
@@ -61,9 +67,11 @@ SELECT
     c.metric,
     c.run_id,
     c.variant,
+    fc.flags AS flags,
     c.value,
     c.baseline_run,
     b.variant AS baseline_variant,
+    fb.flags AS baseline_flags,
     b.value AS baseline_value,
     CASE WHEN c.value = b.value THEN 1.0 ELSE c.value / nullif(b.value, 0) END AS ratio,
     CASE WHEN c.metric IN ('output_tokens_per_s', 'output_tokens_per_s_per_gpu', 'requests_per_s',
@@ -84,6 +92,8 @@ FROM keyed c
 JOIN keyed b
   ON b.run_id = c.baseline_run AND b.stage = c.stage AND b.class_name = c.class_name
  AND b.metric = c.metric
+LEFT JOIN run_flags fc ON fc.run_id = c.run_id
+LEFT JOIN run_flags fb ON fb.run_id = b.run_id
 LEFT JOIN noise nc
   ON nc.profile_name IS NOT DISTINCT FROM c.profile_name AND nc.variant IS NOT DISTINCT FROM c.variant
  AND nc.hardware IS NOT DISTINCT FROM c.hardware AND nc.model IS NOT DISTINCT FROM c.model

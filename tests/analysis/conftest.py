@@ -1,3 +1,6 @@
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -68,3 +71,31 @@ def cli(monkeypatch):
 
     monkeypatch.setattr(cli_module, "COMMAND_MODULES", ["servelab.commands.analysis"])
     return cli_module.main
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--virtual-time-budget=5000", "--dump-dom"]
+
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        pytest.skip("Debian's chromium is not installed (make install-test installs it)")
+    return path
+
+
+def _page_state(page: Path, profile: Path) -> dict[str, str]:
+    """Load the page in headless Chromium and read back what its inline script recorded on <body>
+    (analysis.report.PAGE_SCRIPT: data-ready, data-images "loaded/total", data-script-errors, ...)."""
+    out = subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", page.as_uri()],
+                         capture_output=True, text=True, timeout=90)
+    body = re.search(r"<body([^>]*)>", out.stdout)
+    assert body, f"chromium printed no DOM (rc {out.returncode}): {out.stderr[-2000:]}"
+    return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body.group(1)))
+
+
+@pytest.fixture()
+def page_state():
+    """page_state(html_path, profile_dir) -> the attributes the report's page script set on <body>."""
+    return _page_state

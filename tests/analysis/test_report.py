@@ -1,33 +1,9 @@
-"""`servelab report` on SYNTHETIC runs (analysis_synthetic.py; an end-to-end report test on a real
-simulator run belongs to the run/orchestration area): the HTML and PNGs are written, the page is
-self-contained, and headless Chromium loads every image with no script error."""
+"""`servelab report` on SYNTHETIC runs (analysis_synthetic.py; test_report_e2e.py does the same on a
+real simulator run): the HTML and PNGs are written, the page is self-contained, and headless
+Chromium (the page_state fixture, conftest.py) loads every image with no script error."""
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import pytest
-
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--virtual-time-budget=5000", "--dump-dom"]
-
-
-def chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if not path:
-        pytest.skip("Debian's chromium is not installed (make install-test installs it)")
-    return path
-
-
-def page_state(page: Path, profile: Path) -> dict[str, str]:
-    """Load the page in headless Chromium and read back what its inline script recorded on <body>."""
-    out = subprocess.run([chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", page.as_uri()],
-                         capture_output=True, text=True, timeout=90)
-    body = re.search(r"<body([^>]*)>", out.stdout)
-    assert body, f"chromium printed no DOM (rc {out.returncode}): {out.stderr[-2000:]}"
-    return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body.group(1)))
-
 
 @pytest.fixture(scope="module")
 def report_dir(synthetic_db, tmp_path_factory):
@@ -62,14 +38,14 @@ def test_report_files_and_content(report_dir):
     assert "itl_tokens" in html and "Goodput" in html
 
 
-def test_report_opens_in_chromium(report_dir, tmp_path):
+def test_report_opens_in_chromium(report_dir, tmp_path, page_state):
     state = page_state(report_dir / "report.html", tmp_path / "profile")
     assert state["ready"] == "yes"
     assert state["images"] == "7/7"
     assert state["script-errors"] == "0" and state["resource-errors"] == "0", state.get("error-text")
 
 
-def test_page_check_catches_broken_pages(tmp_path):
+def test_page_check_catches_broken_pages(tmp_path, page_state):
     """The check itself can fail: a missing image and a throwing script are both reported."""
     from servelab.analysis.report import PAGE_SCRIPT
 

@@ -17,7 +17,7 @@ from servelab.paths import analysis_dir
 
 EXPECTED_VIEWS = {"request_metrics", "chunk_arrivals", "itl_chunks", "itl_tokens", "itl_stage_quantiles", "stage_summary",
                   "client_timeline", "server_series", "server_timeline", "server_stage_summary", "run_overview",
-                  "compare", "slo_frontier"}
+                  "compare", "slo_frontier", "fidelity_summary"}
 
 
 def test_every_view_file_states_its_definition(known_con):

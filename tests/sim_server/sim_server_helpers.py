@@ -41,13 +41,14 @@ async def _read_headers(reader) -> tuple[int, dict]:
 
 
 async def sse_post(url: str, path: str, body, timeout: float = 20.0, raw: bytes | None = None,
-                   ) -> SSEResult:
+                   headers: dict | None = None) -> SSEResult:
     parts = urlsplit(url)
     reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
     payload = raw if raw is not None else json.dumps(body).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     writer.write(
         f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
+        f"{extra}Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
     await writer.drain()
     try:
         return await asyncio.wait_for(_read_response(reader), timeout)

@@ -50,6 +50,13 @@ class Group:
     run_ids: list[str]
     variant: str | None = None
     profile: str | None = None
+    flags: list[str] = field(default_factory=list)  # union of its runs' run_overview.flags
+
+    @property
+    def header(self) -> str:
+        """The label as a table column shows it: flagged groups carry their flags, so a number
+        from an unverified or mismatched server is never read as a clean one."""
+        return self.label + (f" [{', '.join(self.flags)}]" if self.flags else "")
 
 
 @dataclass
@@ -98,6 +105,23 @@ class Comparison:
     stages: list[StageComparison]
     boot: int
     verdict: str
+
+    @property
+    def caveats(self) -> list[str]:
+        """One sentence per flagged group, to print beside the verdict."""
+        from .summary import FLAG_MEANING
+
+        return [f"{g.label} is flagged {flag}: {FLAG_MEANING.get(flag, 'set by the recorder')}"
+                for g in self.groups for flag in g.flags]
+
+
+def attach_flags(con: duckdb.DuckDBPyConnection, groups: list[Group]) -> None:
+    """Each group's flags: every flag any of its runs carries (run_overview.flags), in first-seen order."""
+    rows = {r["run_id"]: r["flags"] or [] for r in fetch_dicts(
+        con, "SELECT run_id, flags FROM run_overview WHERE list_contains(?, run_id)",
+        [[r for g in groups for r in g.run_ids]])}
+    for g in groups:
+        g.flags = list(dict.fromkeys(f for r in g.run_ids for f in rows.get(r, [])))
 
 
 def _config_key(row: dict) -> tuple:
@@ -345,6 +369,7 @@ def compare_groups(
 ) -> Comparison:
     if len(groups) < 2:
         raise ServelabError("compare needs at least two runs or variants (of different configurations)")
+    attach_flags(con, groups)
     labels = [g.label for g in groups]
     if baseline is None:
         baseline = labels[0]

@@ -190,7 +190,9 @@ def _frontier_table(rows: list[dict]) -> str:
 
 def _comparison_html(comparison) -> str:
     labels = [g.label for g in comparison.groups]
+    flags = {g.label: g.flags for g in comparison.groups}
     out = [f'<div class="verdict"><b>Overall:</b> {_esc(comparison.verdict)}</div>',
+           *(f'<div class="warn">{_esc(c)}</div>' for c in comparison.caveats),
            f"<p>Baseline: <b>{_esc(comparison.baseline)}</b>; class {_esc(comparison.class_name)}; "
            f"{comparison.boot} bootstrap resamples. Cells: value [95% CI] and ratio to the baseline; "
            f'<span class="noise">≈</span> marks a difference within run-to-run noise; ★ the winner.</p>']
@@ -200,7 +202,7 @@ def _comparison_html(comparison) -> str:
         out.append(f'<div class="verdict">{_esc(stage.verdict)}</div>')
         for note in stage.notes:
             out.append(f'<div class="warn">{_esc(note)}</div>')
-        out.append('<div class="scroll"><table><tr><th class="l">metric</th>' + "".join(f"<th>{_esc(l)}</th>" for l in labels) + "</tr>")
+        out.append('<div class="scroll"><table><tr><th class="l">metric</th>' + "".join(f"<th>{_esc(l)}{_flag_badges(flags[l])}</th>" for l in labels) + "</tr>")
         for m in stage.metrics:
             cells = []
             for label in labels:
@@ -222,6 +224,47 @@ def _comparison_html(comparison) -> str:
                 cells.append(f"<td>{text}</td>")
             out.append(f'<tr><td class="l">{_esc(METRIC_LABEL[m.metric])}</td>' + "".join(cells) + "</tr>")
         out.append("</table></div>")
+    return "\n".join(out)
+
+
+def _fidelity_html(con: duckdb.DuckDBPyConnection, runs: list[dict], all_rows: dict[str, list[dict]],
+                   labels: dict[str, str]) -> str:
+    """Output fidelity (view fidelity_summary) of the matrices these runs belong to, beside each
+    variant's best output tokens/s, so speed and output quality are read together."""
+    matrices = sorted({r["tags"].get("matrix") for r in runs if r["tags"] and r["tags"].get("matrix")})
+    if not matrices:
+        return ""
+    rows = fetch_dicts(con, "SELECT * FROM fidelity_summary WHERE list_contains(?, matrix_id) "
+                       "ORDER BY matrix_id, created_unix, candidate", [matrices])
+    if not rows:
+        return ""
+    speed: dict[str, float] = {}
+    for r in runs:
+        best = max((x["output_tokens_per_s"] for x in all_rows[labels[r["run_id"]]]
+                    if x["output_tokens_per_s"] is not None), default=None)
+        if r["variant"] and best is not None:
+            speed[r["variant"]] = max(speed.get(r["variant"], best), best)
+    head = ["matrix", "variant", "peak out tok/s", "prompts", "exact match", "mean first divergence",
+            "mean similarity", "tokens"]
+    out = ["<h2>Output fidelity</h2>",
+           "<p>Greedy outputs (temperature 0, same seed) of each variant against the baseline's on the "
+           "fidelity prompts (view <code>fidelity_summary</code>); peak out tok/s is the variant's best "
+           "stage in the runs above.</p>",
+           '<div class="scroll"><table><tr>' + "".join(f'<th class="l">{h}</th>' for h in head) + "</tr>"]
+    shown_baselines = set()
+    for r in rows:
+        key = (r["matrix_id"], r["baseline"])
+        if key not in shown_baselines:
+            shown_baselines.add(key)
+            cells = [r["matrix_id"], f"{r['baseline']} (baseline)", fmt(speed.get(r["baseline"])),
+                     "-", "-", "-", "-", "-"]
+            out.append("<tr>" + "".join(f'<td class="l">{_esc(c)}</td>' for c in cells) + "</tr>")
+        div = r["mean_first_divergence"]
+        cells = [r["matrix_id"], r["candidate"], fmt(speed.get(r["candidate"])), r["prompts"],
+                 pct(r["exact_match_rate"]), "-" if div is None else f"{div:.1f} tok",
+                 fmt(r["mean_similarity"], 3), r["token_source"]]
+        out.append("<tr>" + "".join(f'<td class="l">{_esc(c)}</td>' for c in cells) + "</tr>")
+    out.append("</table></div>")
     return "\n".join(out)
 
 
@@ -309,6 +352,7 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[str], out_dir: Pa
         "<h2>Runs</h2>", _runs_table(runs, labels),
         "<h2>Figures</h2>", *figures,
         comparison_html,
+        _fidelity_html(con, runs, all_rows, labels),
         *sections,
         "<h2>Definitions</h2><dl>" + "".join(f"<dt>{_esc(k)}</dt><dd>{v}</dd>" for k, v in DEFINITIONS) + "</dl>",
     ])

@@ -16,7 +16,10 @@ FLAG_MEANING = {
     "latencies include client delay and the offered load was not fully delivered",
     "rows_lost": "some request rows were produced but never stored: counts and rates are low",
     "predicted": "figures are a prediction (cost model / virtual time), not a measurement of a real server",
-    "unverified": "the server was not verified to be the variant it claims to be",
+    "unverified": "the server was not verified to be the variant it claims to be (the evidence was "
+    "missing): read its figures as those of an unknown configuration",
+    "variant_mismatch": "the server was checked and does NOT run what its variant claims (e.g. FP8 "
+    "W8A8 claimed, weight-only FP8 through Marlin served): its figures are not the variant's",
 }
 
 

@@ -20,6 +20,7 @@ from servelab.paths import analysis_dir
 
 VIEW_FILE = re.compile(r"^\d+_[a-z0-9_]+\.sql$")
 CREATED = re.compile(r"CREATE\s+OR\s+REPLACE\s+(VIEW|MACRO)\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
+SCHEMA_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\n\);", re.DOTALL)
 STAMP = re.compile(r"\[servelab (\S+) sha256:([0-9a-f]+)\]\s*$")
 
 
@@ -109,6 +110,21 @@ def has_schema(con: duckdb.DuckDBPyConnection) -> bool:
     return {"runs", "run_classes", "stages", "requests", "server_metrics", "client_health", "run_workers"} <= names
 
 
+def _add_missing_tables(con: duckdb.DuckDBPyConnection, temporary: bool) -> None:
+    """Tables that schema.sql gained after this file was created (e.g. ``fidelity``), so the views
+    over them can be installed. A read-only reader gets empty TEMP tables instead."""
+    from servelab.store.db import SCHEMA_PATH
+
+    present = {r[0] for r in con.execute(
+        "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
+    for match in SCHEMA_TABLE.finditer(SCHEMA_PATH.read_text(encoding="utf-8")):
+        if match.group(1) not in present:
+            ddl = match.group(0)
+            if temporary:
+                ddl = ddl.replace("CREATE TABLE", "CREATE TEMP TABLE", 1)
+            con.execute(ddl)
+
+
 def install_views(con: duckdb.DuckDBPyConnection, folder: Path | None = None, temporary: bool = False) -> list[str]:
     """Create or replace every view (and macro) of analysis/*.sql, in file order, in one transaction.
 
@@ -124,6 +140,7 @@ def install_views(con: duckdb.DuckDBPyConnection, folder: Path | None = None, te
         )
     con.execute("BEGIN TRANSACTION")
     try:
+        _add_missing_tables(con, temporary)
         for f in files:
             sql = f.sql
             if temporary:

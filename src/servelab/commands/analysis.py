@@ -78,6 +78,7 @@ def summary(args) -> int:
 def compare(args) -> int:
     import math
 
+    from rich.markup import escape
     from rich.table import Table
 
     from servelab.analysis.compare import METRIC_LABEL, compare_groups, groups_for_runs, groups_for_variants
@@ -99,15 +100,20 @@ def compare(args) -> int:
         con.close()
     console = make_console()
     for g in result.groups:
-        console.print(f"{g.label}: runs {', '.join(g.run_ids)}" + (" (repeats)" if len(g.run_ids) > 1 else ""))
+        console.print(f"{g.label}: runs {', '.join(g.run_ids)}" + (" (repeats)" if len(g.run_ids) > 1 else "")
+                      + (f" [bold red]FLAGGED {', '.join(g.flags)}[/]" if g.flags else ""))
+    for caveat in result.caveats:
+        console.print(f"[bold red]caution[/]: {caveat}")
     labels = [g.label for g in result.groups]
+    headers = {g.label: g.header for g in result.groups}
     for stage in result.stages:
         levels = ", ".join(f"{k}={v:g}" for k, v in stage.levels.items() if v is not None)
         table = Table(title=f"stage {stage.stage} ({stage.kind}: {levels}), class {result.class_name}; "
                       f"value [95% CI] xratio to {result.baseline}", title_justify="left")
         table.add_column("metric")
         for label in labels:
-            table.add_column(label, justify="right")
+            table.add_column(escape(headers[label]), justify="right", header_style="bold red" if
+                             headers[label] != label else "bold")
         for m in stage.metrics:
             cells = []
             for label in labels:
@@ -131,6 +137,8 @@ def compare(args) -> int:
             console.print(f"[yellow]note[/]: {note}")
         console.print(f"stage {stage.stage}: {stage.verdict}")
     console.print(f"[bold]{result.verdict}[/]")
+    for caveat in result.caveats:
+        console.print(f"[bold red]caution[/]: {caveat}")
     return 0
 
 

@@ -1,8 +1,9 @@
-"""``servelab demo``: the main job on the embedded simulator (what ``make demo`` runs).
+"""``servelab demo``: the main job end to end on simulated vLLM servers (what ``make demo`` runs).
 
 1. Describe every shipped traffic profile (what it sends, its load plan, planned time).
 2. Run a BF16 / FP8 / GPTQ-Int4 matrix with ``traffic_profiles/smoke.yaml`` against the simulated
-   vLLM on an L40S (one real simulator process per variant, Locust replaying the profile, every
+   vLLM on an L40S (one ``servelab sim`` child process per variant, started and stopped by the
+   matrix's ``sim`` back-end; Locust replaying the profile in its own processes; every
    request recorded in DuckDB), check output fidelity against BF16, print the comparison and write
    the report.
 """
@@ -12,7 +13,7 @@ import time
 
 
 def register(sub) -> None:
-    p = sub.add_parser("demo", help="run the main job end to end on the embedded simulator")
+    p = sub.add_parser("demo", help="run the main job end to end on simulator processes (one per variant)")
     p.add_argument("--db", default="results/servelab.duckdb", metavar="PATH",
                    help="DuckDB file the demo records into (default %(default)s)")
     p.add_argument("--out", default="results/demo", metavar="DIR",

@@ -270,11 +270,11 @@ def report(db: Path, run_id: str, status_file: Path, code: int, logs: Path) -> i
     import json
 
     import duckdb
-    from rich.console import Console
 
+    from servelab.analysis.summary import make_console
     from servelab.errors import ServelabError
 
-    console = Console()
+    console = make_console()
     try:
         con = duckdb.connect(str(db), read_only=True)
     except duckdb.Error as exc:

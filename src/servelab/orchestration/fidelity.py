@@ -3,7 +3,9 @@
 Each server answers every prompt with temperature 0 and the same seed; the output is tokenized by
 the server that produced it (``POST /tokenize``: the model's own tokenizer). Per candidate and
 prompt: exact match, first divergence (the token position where the outputs first differ) and a
-token-level similarity (``difflib.SequenceMatcher`` ratio). Rows go to the ``fidelity`` table.
+token-level similarity (``difflib.SequenceMatcher`` ratio). Rows go to the ``fidelity`` table
+(defined in store/schema.sql); the ``fidelity_summary`` view (analysis/80_fidelity_summary.sql)
+aggregates them per comparison and candidate.
 """
 from __future__ import annotations
 
@@ -23,40 +25,11 @@ from servelab.paths import project_root
 DEFAULT_PROMPTS = "fidelity/prompts.jsonl"
 PROMPT_KEYS = {"id", "category", "prompt", "max_tokens"}
 
-FIDELITY_TABLE = """
-CREATE TABLE IF NOT EXISTS fidelity (
-    fidelity_id       VARCHAR,   -- one comparison (a `servelab fidelity` call or a matrix)
-    created_unix      DOUBLE,
-    baseline          VARCHAR,   -- baseline variant
-    candidate         VARCHAR,   -- candidate variant
-    backend           VARCHAR,   -- sim | local | compose | external
-    hardware          VARCHAR,
-    prompt_set        VARCHAR,   -- the prompts file
-    prompt_id         VARCHAR,
-    category          VARCHAR,
-    seed              INTEGER,
-    baseline_tokens   INTEGER,   -- output length in tokens
-    candidate_tokens  INTEGER,
-    exact_match       BOOLEAN,   -- identical token sequences
-    first_divergence  INTEGER,   -- first differing token position (0-based); NULL when identical
-    similarity        DOUBLE,    -- difflib ratio over token ids, 0..1
-    token_source      VARCHAR,   -- server (/tokenize) | words (whitespace split)
-    baseline_text     VARCHAR,
-    candidate_text    VARCHAR,
-    matrix_id         VARCHAR    -- the matrix this comparison belongs to, NULL otherwise
-);
-"""
-
-SUMMARY_SQL = """
-SELECT candidate,
-       count(*) AS prompts,
-       avg(exact_match::INTEGER) AS exact_match_rate,
-       avg(first_divergence) FILTER (WHERE NOT exact_match) AS mean_first_divergence,
-       median(first_divergence) FILTER (WHERE NOT exact_match) AS median_first_divergence,
-       avg(similarity) AS mean_similarity
-FROM fidelity WHERE fidelity_id = ?
-GROUP BY candidate ORDER BY candidate
-"""
+# The table itself is defined once, with the run tables, in src/servelab/store/schema.sql.
+COLUMNS = ("fidelity_id", "created_unix", "baseline", "candidate", "backend", "hardware",
+           "prompt_set", "prompt_id", "category", "seed", "baseline_tokens", "candidate_tokens",
+           "exact_match", "first_divergence", "similarity", "token_source", "baseline_text",
+           "candidate_text", "matrix_id")
 
 
 @dataclass(frozen=True)
@@ -207,32 +180,24 @@ def new_id() -> str:
 def record(db_path: str | Path, fidelity_id: str, baseline: str, candidate: str,
            rows: list[Comparison], *, backend: str, hardware: str | None, prompt_set: str,
            seed: int, matrix_id: str | None = None) -> None:
-    import duckdb
+    from servelab.store.db import open_db
 
-    Path(db_path).parent.mkdir(parents=True, exist_ok=True)
-    con = duckdb.connect(str(db_path))
+    if not rows:
+        return
+    now = time.time()
+    values = [(fidelity_id, now, baseline, candidate, backend, hardware, prompt_set, r.prompt.id,
+               r.prompt.category, seed, len(r.baseline.tokens), len(r.candidate.tokens),
+               r.exact_match, r.first_divergence, r.similarity,
+               r.candidate.token_source if r.candidate.token_source == r.baseline.token_source
+               else "words", r.baseline.text, r.candidate.text, matrix_id) for r in rows]
+    # One INSERT with a VALUES list: a single statement per comparison, where executemany costs
+    # a round trip per row.
+    one = "(" + ", ".join("?" * len(COLUMNS)) + ")"
+    con = open_db(db_path)
     try:
-        con.execute(FIDELITY_TABLE)
-        now = time.time()
-        con.executemany(
-            "INSERT INTO fidelity VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(fidelity_id, now, baseline, candidate, backend, hardware, prompt_set, r.prompt.id,
-              r.prompt.category, seed, len(r.baseline.tokens), len(r.candidate.tokens),
-              r.exact_match, r.first_divergence, r.similarity,
-              r.candidate.token_source if r.candidate.token_source == r.baseline.token_source
-              else "words", r.baseline.text, r.candidate.text, matrix_id) for r in rows])
-    finally:
-        con.close()
-
-
-def summary_from_db(db_path: str | Path, fidelity_id: str) -> list[dict]:
-    import duckdb
-
-    con = duckdb.connect(str(db_path), read_only=True)
-    try:
-        cur = con.execute(SUMMARY_SQL, [fidelity_id])
-        names = [d[0] for d in cur.description]
-        return [dict(zip(names, row)) for row in cur.fetchall()]
+        con.execute(f"INSERT INTO fidelity ({', '.join(COLUMNS)}) VALUES "
+                    + ", ".join([one] * len(values)),
+                    [v for row in values for v in row])
     finally:
         con.close()
 

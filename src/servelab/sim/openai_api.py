@@ -74,9 +74,14 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     except ApiError as exc:
         return error_response(exc)
     prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-    request_id = prefix + uuid.uuid4().hex
+    internal = uuid.uuid4().hex
+    # As vLLM's serving code (_base_request_id): the caller's X-Request-Id names the response,
+    # so client rows and server records join on it; otherwise a random id.
+    header_id = request.headers.get("X-Request-Id")
+    request_id = prefix + (internal if header_id is None else header_id)
     rec = RequestRecord(request_id, kind, sreq.model, arrival, sreq.stream,
-                        len(sreq.prompt_ids), sreq.max_tokens)
+                        len(sreq.prompt_ids), sreq.max_tokens, x_request_id=header_id,
+                        engine_id=prefix + internal)
     fault = sim.fault_plan.draw()
     if fault is not None and fault.kind in HTTP_KINDS:
         status, err_type, message = _FAULT_STATUS[fault.kind]

@@ -243,8 +243,9 @@ class ChunkFormat:
         self.n_prompt = n_prompt
         self.continuous = continuous
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        self._header = b'data: {"id":"%s","object":"%s","created":%d,"model":%s,"choices":' % (
-            request_id.encode(), obj.encode(), created, orjson.dumps(model))
+        # ids are JSON-encoded: an X-Request-Id may hold any characters
+        self._header = b'data: {"id":%s,"object":"%s","created":%d,"model":%s,"choices":' % (
+            orjson.dumps(request_id), obj.encode(), created, orjson.dumps(model))
         if kind == "chat":
             self.head = self._header + b'[{"index":0,"delta":{"content":"'
         else:
@@ -291,20 +292,20 @@ def error_frame(message: str, err_type: str = "InternalServerError", status: int
 def completion_response(request_id: str, model: str, created: int, text: str,
                         finish_reason: str, n_prompt: int, n_out: int,
                         cached: int | None = None) -> bytes:
-    return (b'{"id":"%s","object":"text_completion","created":%d,"model":%s,"choices":'
+    return (b'{"id":%s,"object":"text_completion","created":%d,"model":%s,"choices":'
             b'[{"index":0,"text":%s,"logprobs":null,"finish_reason":"%s","stop_reason":null,'
             b'"prompt_logprobs":null}],"usage":%s}' % (
-                request_id.encode(), created, orjson.dumps(model), orjson.dumps(text),
+                orjson.dumps(request_id), created, orjson.dumps(model), orjson.dumps(text),
                 finish_reason.encode(), usage_json(n_prompt, n_out, cached)))
 
 
 def chat_response(request_id: str, model: str, created: int, text: str, finish_reason: str,
                   n_prompt: int, n_out: int, cached: int | None = None) -> bytes:
-    return (b'{"id":"%s","object":"chat.completion","created":%d,"model":%s,"choices":'
+    return (b'{"id":%s,"object":"chat.completion","created":%d,"model":%s,"choices":'
             b'[{"index":0,"message":{"role":"assistant","reasoning_content":null,"content":%s,'
             b'"tool_calls":[]},"logprobs":null,"finish_reason":"%s","stop_reason":null}],'
             b'"usage":%s,"prompt_logprobs":null}' % (
-                request_id.encode(), created, orjson.dumps(model), orjson.dumps(text),
+                orjson.dumps(request_id), created, orjson.dumps(model), orjson.dumps(text),
                 finish_reason.encode(), usage_json(n_prompt, n_out, cached)))
 
 

@@ -38,14 +38,19 @@ clock = time.perf_counter
 class RequestRecord:
     """Server-side accounting of one request (served at ``GET /sim/requests``)."""
 
-    __slots__ = ("seq", "request_id", "kind", "model", "engine", "stream", "status", "arrival",
+    __slots__ = ("seq", "request_id", "x_request_id", "engine_id", "kind", "model", "engine",
+                 "stream", "status", "arrival",
                  "first_token", "finished", "chunk_times", "chunk_tokens", "prompt_tokens",
                  "output_tokens", "cached_tokens", "max_tokens", "finish_reason", "fault", "error")
 
     def __init__(self, request_id: str, kind: str, model: str, arrival: float, stream: bool,
-                 prompt_tokens: int, max_tokens: int):
+                 prompt_tokens: int, max_tokens: int, x_request_id: str | None = None,
+                 engine_id: str | None = None):
         self.seq = 0
-        self.request_id = request_id
+        self.request_id = request_id      # the response id, as the client sees it
+        self.x_request_id = x_request_id  # the caller's X-Request-Id header, when sent
+        # The engine's key: unique even when callers reuse an X-Request-Id.
+        self.engine_id = engine_id or request_id
         self.kind = kind
         self.model = model
         self.engine = None
@@ -70,7 +75,8 @@ class RequestRecord:
         def ep(t):
             return None if t is None else round(t + epoch_offset, 6)
         return {
-            "seq": self.seq, "request_id": self.request_id, "kind": self.kind,
+            "seq": self.seq, "request_id": self.request_id, "x_request_id": self.x_request_id,
+            "kind": self.kind,
             "model": self.model, "engine": self.engine, "stream": self.stream,
             "status": self.status, "arrival": ep(self.arrival),
             "first_token": ep(self.first_token), "finished": ep(self.finished),
@@ -290,15 +296,15 @@ class EngineDriver:
                ignore_eos: bool, eos_after: int | None, spec_acceptance: float | None) -> None:
         rec = stream.record
         rec.engine = self.index
-        self.engine.add_request(rec.request_id, prompt_ids, max_tokens, min_tokens=min_tokens,
+        self.engine.add_request(rec.engine_id, prompt_ids, max_tokens, min_tokens=min_tokens,
                                 ignore_eos=ignore_eos, eos_after=eos_after,
                                 arrival_time=rec.arrival, spec_acceptance=spec_acceptance)
         stream.abort_cb = self._abort
-        self.streams[rec.request_id] = stream
+        self.streams[rec.engine_id] = stream
         self._wake.set()
 
     def _abort(self, stream: RequestStream, now: float) -> None:
-        rid = stream.record.request_id
+        rid = stream.record.engine_id
         if self.streams.pop(rid, None) is not None:
             seq = self.engine.get_sequence(rid)
             if seq is not None:

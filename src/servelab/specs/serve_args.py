@@ -30,8 +30,9 @@ NO_EFFECT_FLAGS = {
 }
 DOCUMENTED_NO_EFFECT = sorted(NO_EFFECT_FLAGS)
 
-_ALIASES = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size", "-q": "--quantization",
-            "-pp": "--pipeline-parallel-size"}
+# vLLM's short spellings; specs.variants reads variant files with the same table.
+FLAG_ALIASES = {"-tp": "--tensor-parallel-size", "-dp": "--data-parallel-size", "-q": "--quantization",
+                "-pp": "--pipeline-parallel-size"}
 
 
 @dataclass
@@ -105,7 +106,7 @@ def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
             raise ServelabError(f"serve args: unexpected value {raw!r}; flags look like --max-num-seqs 64")
         flag, _, inline = raw.partition("=")
         inline = inline if "=" in raw else None
-        flag = _ALIASES.get(flag, flag)
+        flag = FLAG_ALIASES.get(flag, flag)
         if flag == "--model":
             out.model = value_of(flag, inline)
         elif flag == "--quantization":

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from servelab.errors import ServelabError
 from servelab.paths import servers_dir
+from servelab.profiles import yamlmap
+from servelab.specs.serve_args import FLAG_ALIASES
 
 WEIGHT_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
 ACTIVATION_PRECISIONS = ("bf16", "fp16", "fp8", "int8")
@@ -33,8 +33,6 @@ QUANTIZATION_METHODS = ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_f
 RESERVED_FLAGS = ("--host", "--port", "--model")
 INT_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
              "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--block-size")
-FLAG_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
-                "-dp": "--data-parallel-size", "-q": "--quantization"}
 TOP_KEYS = ("name", "description", "model", "model_env", "serve_args", "gpus", "instances",
             "claims", "notes")
 CLAIM_KEYS = ("weights", "activations", "min_compute_capability", "speculative")
@@ -170,32 +168,11 @@ def load_variant(name_or_path: str | os.PathLike, environ: dict | None = None) -
     environ = os.environ if environ is None else environ
     text = path.read_text(encoding="utf-8")
     try:
-        node = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise VariantError(f"{where}: not valid YAML: {getattr(exc, 'problem', exc)}; fix the "
-                           f"syntax (indentation, quotes around JSON in serve_args)") from None
-    return _build(path, data, _line_index(node), environ)
-
-
-def _line_index(node, path: tuple = ()) -> dict[tuple, int]:
-    """Map each field path, e.g. ``('serve_args', 2)``, to its 1-based line in the file."""
-    lines: dict[tuple, int] = {}
-    if node is None:
-        return lines
-    lines[path] = node.start_mark.line + 1
-    if isinstance(node, yaml.MappingNode):
-        for key, value in node.value:
-            child = path + (key.value,)
-            lines[child] = key.start_mark.line + 1
-            for sub, line in _line_index(value, child).items():
-                lines.setdefault(sub, line)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines.update(_line_index(item, path + (i,)))
-    return lines
+        doc = yamlmap.parse(text)
+    except yamlmap.YamlSyntaxError as exc:
+        raise VariantError(f"{path}:{exc.line}: not valid YAML: {exc}; fix the syntax "
+                           f"(indentation, quotes around JSON in serve_args)") from None
+    return _build(path, doc, environ)
 
 
 class _Problems:
@@ -211,8 +188,13 @@ class _Problems:
                           f"allowed {allowed}")
 
 
-def parse_serve_args(args: list[str]) -> dict[str, str | bool]:
-    """``['--quantization', 'fp8', '--enforce-eager', '-tp=2']`` -> {flag: value or True}."""
+def variant_flag_map(args: list[str] | tuple[str, ...]) -> dict[str, str | bool]:
+    """``['--quantization', 'fp8', '--enforce-eager', '-tp=2']`` -> {flag: value or True}.
+
+    A lenient look-up table for checking a variant file and answering ``Variant.arg``: it keeps
+    every flag, including those real vLLM takes but the simulator does not model. What a flag
+    *means* for the engine is ``specs.serve_args.parse_serve_args``'s job (strict, -> ServeArgs),
+    which the simulator and predict apply to the same serve_args."""
     parsed: dict[str, str | bool] = {}
     i = 0
     while i < len(args):
@@ -230,8 +212,12 @@ def parse_serve_args(args: list[str]) -> dict[str, str | bool]:
     return parsed
 
 
-def _build(path: Path, data: Any, lines: dict, environ) -> Variant:
-    p = _Problems(path, lines)
+def _build(path: Path, doc: yamlmap.YamlDoc, environ) -> Variant:
+    data = doc.data
+    p = _Problems(path, doc.lines)
+    for dup_path, line, first in doc.duplicates:
+        p.items.append(f"{path}:{line}: {'.'.join(map(str, dup_path))}: found a second "
+                       f"{dup_path[-1]!r} key (first on line {first}); allowed once, remove one")
     if not isinstance(data, dict):
         p.add((), type(data).__name__, "a mapping with keys " + ", ".join(TOP_KEYS))
         raise VariantError("\n".join(p.items))
@@ -265,7 +251,7 @@ def _build(path: Path, data: Any, lines: dict, environ) -> Variant:
         if serve_args and not serve_args[0].startswith("-"):
             p.add(("serve_args", 0), serve_args[0], "a flag starting with -- (the model goes in "
                   "`model`, not in serve_args)")
-        args = parse_serve_args(serve_args)
+        args = variant_flag_map(serve_args)
         _check_args(p, serve_args, args)
 
     gpus, instances = data.get("gpus", 1), data.get("instances", 1)

@@ -22,7 +22,7 @@ CREATE TABLE IF NOT EXISTS runs (
     host_info         JSON,         -- hostname, cpus, python, locust and duckdb versions
     flags             VARCHAR[],    -- e.g. generator_saturated, rows_lost, predicted, unverified
     settings          JSON,         -- command-line settings (timeouts, seed, salt, ...)
-    verification      JSON,         -- servelab verify verdict, NULL when not verified
+    verification      JSON,         -- servelab verify verdict ({"status": verified|mismatch|unverified|failed_to_start, ...}); NULL when verify never ran
     notes             VARCHAR
 );
 
@@ -124,7 +124,31 @@ CREATE TABLE IF NOT EXISTS run_workers (
     produced   BIGINT,
     stored     BIGINT,
     in_flight_lost BIGINT,
-    status     VARCHAR,               -- finished | lost | killed
+    status     VARCHAR,               -- finished | lost (no drain answer) | recovered (servelab ingest)
     spool_path VARCHAR,
     PRIMARY KEY (run_id, worker)
+);
+
+-- Output fidelity: greedy outputs of a candidate variant against a baseline, one row per prompt
+-- (written by orchestration.fidelity; summarised by the fidelity_summary view).
+CREATE TABLE IF NOT EXISTS fidelity (
+    fidelity_id       VARCHAR,   -- one comparison (a `servelab fidelity` call or a matrix)
+    created_unix      DOUBLE,
+    baseline          VARCHAR,   -- baseline variant
+    candidate         VARCHAR,   -- candidate variant
+    backend           VARCHAR,   -- sim | local | compose | external
+    hardware          VARCHAR,
+    prompt_set        VARCHAR,   -- the prompts file
+    prompt_id         VARCHAR,
+    category          VARCHAR,
+    seed              INTEGER,
+    baseline_tokens   INTEGER,   -- output length in tokens
+    candidate_tokens  INTEGER,
+    exact_match       BOOLEAN,   -- identical token sequences
+    first_divergence  INTEGER,   -- first differing token position (0-based); NULL when identical
+    similarity        DOUBLE,    -- difflib ratio over token ids, 0..1
+    token_source      VARCHAR,   -- server (/tokenize) | words (whitespace split)
+    baseline_text     VARCHAR,
+    candidate_text    VARCHAR,
+    matrix_id         VARCHAR    -- the matrix this comparison belongs to, NULL otherwise
 );
