@@ -8,6 +8,7 @@ rewrites every second; the database is opened only after the master has closed i
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,6 +36,8 @@ def register(sub) -> None:
     p.add_argument("--tag", action="append", default=[], metavar="K=V",
                    help="label recorded with the run (repeatable)")
     p.add_argument("--seed", type=int, help="override the profile's seed")
+    p.add_argument("--run-id", metavar="ID", help="name the run (letters, digits, '.', '_', '-'; "
+                   "must be new in the database; default: time stamp + random suffix)")
     p.add_argument("--spool-dir", default=None, help="where workers spool their rows "
                    "(default: results/spool)")
     p.add_argument("--late-ms", type=float, default=10.0, metavar="MS",
@@ -70,11 +73,20 @@ def run(args) -> int:
     if args.workers < 0:
         raise ServelabError("--workers: must be 0 (one local process) or more")
     db = Path(args.db) if args.db else default_db()
-    open_db(db).close()  # creates the file, or fails now if another process holds it
+    run_id = args.run_id or new_run_id()
+    if not re.fullmatch(r"[A-Za-z0-9._-]{1,100}", run_id):
+        raise ServelabError(f"--run-id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-'")
+    con = open_db(db)  # creates the file, or fails now if another process holds it
+    try:
+        taken = con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    finally:
+        con.close()
+    if taken:
+        raise ServelabError(f"--run-id {run_id}: {db} already has a run with that id; "
+                            "choose another name")
     locustfile = loadtests_dir() / "locustfile.py"
     if not locustfile.is_file():
         raise ServelabError(f"{locustfile}: missing; set SERVELAB_HOME to the servelab checkout")
-    run_id = new_run_id()
     results = db.parent
     logs = results / "logs" / run_id
     logs.mkdir(parents=True, exist_ok=True)
@@ -134,7 +146,7 @@ def start_simulator(args, logs: Path):
     from servelab.errors import ServelabError
 
     ready = logs / "sim.ready"
-    cmd = [sys.executable, "-m", "servelab.cli", "sim", "--port", "0", "--ready-file", str(ready)]
+    cmd = [sys.executable, "-m", "servelab.commands.sim", "--port", "0", "--ready-file", str(ready)]
     if args.variant:
         cmd += ["--variant", args.variant]
     if args.hardware:

@@ -87,10 +87,12 @@ def _preflight(variant: Variant, opt: MatrixOptions) -> pf.PreflightReport | Non
 
 
 def _run_profile(entry: Entry, url: str, opt: MatrixOptions, matrix_id: str) -> str:
-    """``servelab run`` against the server, as a child process (Locust patches its process);
-    the run is found again by the tags the matrix gives it."""
+    """``servelab run`` against the server, as a child process (Locust patches its process),
+    under a run id the matrix chooses."""
+    run_id = f"{matrix_id}-{entry.variant.name}-r{entry.repeat}"
     command = [sys.executable, "-m", "servelab.cli", "run", "--profile", opt.profile,
                "--target", url, "--variant", entry.variant.name, "--db", str(opt.db), "--quiet",
+               "--run-id", run_id,
                "--tag", f"matrix={matrix_id}", "--tag", f"repeat={entry.repeat}",
                "--tag", f"backend={opt.backend}"]
     if opt.backend == "sim":
@@ -100,26 +102,22 @@ def _run_profile(entry: Entry, url: str, opt: MatrixOptions, matrix_id: str) -> 
     command += opt.run_args
     done = subprocess.run(command, text=True, capture_output=True)
     sys.stdout.write(done.stdout)
-    run_id = _find_run(opt.db, matrix_id, entry)
-    if done.returncode != 0 or run_id is None:
+    if done.returncode != 0 or not _run_exists(opt.db, run_id):
         raise ServelabError(f"servelab run for {entry.variant.name} failed ({done.returncode}):\n"
                             f"{done.stderr.strip()[-1500:]}")
     return run_id
 
 
-def _find_run(db: Path, matrix_id: str, entry: Entry) -> str | None:
+def _run_exists(db: Path, run_id: str) -> bool:
     import duckdb
 
     if not Path(db).is_file():
-        return None
+        return False
     con = duckdb.connect(str(db), read_only=True)
     try:
-        row = con.execute("SELECT run_id FROM runs WHERE tags['matrix'] = ? AND tags['repeat'] = ? "
-                          "AND variant = ? ORDER BY started_unix DESC LIMIT 1",
-                          [matrix_id, str(entry.repeat), entry.variant.name]).fetchone()
+        return con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone() is not None
     finally:
         con.close()
-    return row[0] if row else None
 
 
 def _measure(entry: Entry, opt: MatrixOptions, matrix_id: str, report, prompts,
