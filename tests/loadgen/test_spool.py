@@ -19,7 +19,7 @@ def _row(run_id, seq):
 def test_ingest_recovers_a_spool_exactly_once(tmp_path):
     run_id = "run-spool-test"
     db = tmp_path / "t.duckdb"
-    store = Store(open_db(db, views=False))
+    store = Store(open_db(db))
     store.append_rows("runs", [{"run_id": run_id, "status": "completed", "flags": ["rows_lost"]}])
     store.append_rows("stages", [{"run_id": run_id, "stage": 0, "kind": "concurrency",
                                   "level": 2.0, "started_unix": 999.0,

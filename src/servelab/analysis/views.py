@@ -50,10 +50,14 @@ def _definition(sql: str) -> str:
     return "\n".join(lines).strip()
 
 
+class SqlFolderMissing(ServelabError):
+    """analysis/*.sql is not where servelab looks (SERVELAB_HOME points elsewhere)."""
+
+
 def view_files(folder: Path | None = None) -> list[ViewFile]:
     folder = Path(folder) if folder else analysis_dir()
     if not folder.is_dir():
-        raise ServelabError(
+        raise SqlFolderMissing(
             f"{folder}: the analysis SQL folder is missing; set SERVELAB_HOME to the servelab "
             "checkout that holds analysis/*.sql"
         )
@@ -157,3 +161,20 @@ def install_views(con: duckdb.DuckDBPyConnection, folder: Path | None = None, te
         con.execute("ROLLBACK")
         raise
     return view_names(files)
+
+
+def open_results_db(path) -> duckdb.DuckDBPyConnection:
+    """Open a results database for writing with the schema and the views in place, so that the
+    plain ``duckdb`` shell finds ``stage_summary`` and friends in the file. Writers above the store
+    (the load generator's master, predict, verify, fidelity, ingest) open it through here."""
+    from servelab.store.db import open_db
+
+    con = open_db(path)
+    try:
+        install_views(con)
+    except SqlFolderMissing:
+        pass  # a writer without the SQL folder still records; readers install the views later
+    except BaseException:
+        con.close()
+        raise
+    return con

@@ -374,11 +374,14 @@ def _print_saturation(con, run_id: str, console) -> None:
 def ingest(args) -> int:
     from rich.console import Console
 
+    from servelab.analysis.views import open_results_db
     from servelab.paths import default_db
     from servelab.store.ingest import ingest as ingest_spools
 
     console = Console()
-    reports = ingest_spools(Path(args.db) if args.db else default_db(), args.spools)
+    db = Path(args.db) if args.db else default_db()
+    reports = ingest_spools(db, args.spools)
+    open_results_db(db).close()  # the views, for the plain duckdb shell
     for r in reports:
         known = "" if r.run_known else " (no such run in the database: rows loaded anyway)"
         console.print(f"{r.path}: run {r.run_id} worker {r.worker}: {r.spooled} rows spooled, "

@@ -258,9 +258,10 @@ class Collector:
             log.warning("servelab: ack to %s failed: %s", worker, exc)
 
     def _open_db(self) -> None:
-        from servelab.store.db import Store, open_db
+        from servelab.analysis.views import open_results_db
+        from servelab.store.db import Store
 
-        self.store = Store(open_db(self.settings.db), threads=1)
+        self.store = Store(open_results_db(self.settings.db), threads=1)
 
     def _write_items(self, items: list) -> list:
         store = self.store

@@ -180,7 +180,7 @@ def new_id() -> str:
 def record(db_path: str | Path, fidelity_id: str, baseline: str, candidate: str,
            rows: list[Comparison], *, backend: str, hardware: str | None, prompt_set: str,
            seed: int, matrix_id: str | None = None) -> None:
-    from servelab.store.db import open_db
+    from servelab.analysis.views import open_results_db
 
     if not rows:
         return
@@ -193,7 +193,7 @@ def record(db_path: str | Path, fidelity_id: str, baseline: str, candidate: str,
     # One INSERT with a VALUES list: a single statement per comparison, where executemany costs
     # a round trip per row.
     one = "(" + ", ".join("?" * len(COLUMNS)) + ")"
-    con = open_db(db_path)
+    con = open_results_db(db_path)
     try:
         con.execute(f"INSERT INTO fidelity ({', '.join(COLUMNS)}) VALUES "
                     + ", ".join([one] * len(values)),

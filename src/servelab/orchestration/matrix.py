@@ -216,11 +216,11 @@ ORDER BY s.run_id, s.stage
 
 
 def speed_rows(db: Path, run_ids: list[str]) -> dict[str, list[dict]]:
-    from servelab.store.db import open_db
+    from servelab.analysis.views import open_results_db
 
     if not run_ids:
         return {}
-    con = open_db(db)
+    con = open_results_db(db)
     try:
         cur = con.execute(SPEED_SQL, [run_ids])
         names = [d[0] for d in cur.description]

@@ -311,7 +311,8 @@ class Predictor:
 
 def predict(variant: Variant, hardware: str, profile_path: str | Path, db_path: str | Path,
             seed: int | None = None, tags: dict | None = None) -> PredictResult:
-    from servelab.store.db import Store, open_db
+    from servelab.analysis.views import open_results_db
+    from servelab.store.db import Store
 
     wall0 = time.perf_counter()
     predictor = Predictor(variant, hardware, profile_path, seed)
@@ -345,7 +346,7 @@ def predict(variant: Variant, hardware: str, profile_path: str | Path, db_path: 
                 "slo_ttft_ms": c.slo.ttft_ms, "slo_tpot_ms": c.slo.tpot_ms,
                 "slo_itl_ms": c.slo.itl_ms, "slo_e2e_ms": c.slo.e2e_ms} for c in profile.classes]
     n = len(rows["requests"])
-    con = open_db(db_path)
+    con = open_results_db(db_path)
     store = Store(con)
     try:
         store.append_rows("runs", [run])

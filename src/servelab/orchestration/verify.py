@@ -233,12 +233,12 @@ def verify(variant: Variant, log_path: str | Path | None = None, url: str | None
 def record(db_path: str | Path, run_id: str, verdict: Verdict, extra: dict | None = None) -> None:
     """Store the verdict on a run: ``runs.verification`` (with ``extra``, e.g. the preflight
     report) and the ``unverified`` or ``variant_mismatch`` flag."""
-    from servelab.store.db import open_db
+    from servelab.analysis.views import open_results_db
 
     if not Path(db_path).is_file():
         raise ServelabError(f"{db_path}: no such database; record the run first (`servelab run "
                             f"--db {db_path}`) or pass the --db that holds run {run_id!r}")
-    con = open_db(db_path)
+    con = open_results_db(db_path)
     try:
         found = con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
         if not found:

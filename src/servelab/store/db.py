@@ -29,8 +29,9 @@ class DatabaseLocked(ServelabError):
     """Another process holds the DuckDB file."""
 
 
-def open_db(path, read_only: bool = False, views: bool = True) -> duckdb.DuckDBPyConnection:
-    """Open (creating when needed) the database, apply the schema and the analysis views."""
+def open_db(path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open (creating when needed) the database and apply the schema. The analysis views are the
+    analysis layer's business: ``servelab.analysis.views.open_results_db`` adds them."""
     path = Path(path)
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -46,22 +47,7 @@ def open_db(path, read_only: bool = False, views: bool = True) -> duckdb.DuckDBP
         raise ServelabError(f"{path}: cannot open the database: {exc}") from None
     if not read_only:
         con.execute(SCHEMA_PATH.read_text(encoding="utf-8"))
-        if views:
-            install_analysis_views(con)
     return con
-
-
-def install_analysis_views(con) -> None:
-    """The analysis layer's views, when that layer and its SQL folder are there."""
-    try:
-        from servelab.analysis.views import install_views
-    except ImportError:
-        return
-    try:
-        install_views(con)
-    except ServelabError as exc:
-        if "folder is missing" not in str(exc):
-            raise
 
 
 def _holder(exc) -> str:
