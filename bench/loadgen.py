@@ -12,18 +12,30 @@ why the reference runs against the same server at the same concurrency).
   process, every request recorded (spool, shipping, DuckDB), health sampled. Its figures come
   from its own database: TTFT percentiles of each concurrency level's measured window, chunks
   that arrived in the window, and the worker's CPU from its ``client_health`` samples.
+- gevent floor (``--floor``): the reference's client on gevent with a greenlet per stream, what
+  gevent's own wake-ups cost per chunk with no parsing at all.
+
+Both face the same workload: the reference starts its streams in the groups Locust starts
+servelab's users in (up to 100 at once, one group a second, earlier levels' users staying), and
+draws the same output lengths. ``fixed`` gives every request ``--tokens`` tokens, so a group's
+streams finish and restart together (the worst case for per-request cost); ``varied`` draws them
+uniformly from half to 1.5 times that, so restarts spread out (and fewer chunks arrive together).
 
 Per concurrency level the table shows TTFT p50/p99 of both, CPU microseconds per streamed chunk
-of both, and the worker's loop lag; the headline is the highest level whose servelab TTFT p99 is
-within 5 ms of the reference's.
+of both, and the worker's loop lag; the headline is the highest level up to which servelab's
+TTFT p99 stays within 5 ms of the reference's. The load average before and after each workload
+is printed: the machine is shared, so compare the columns of one run, and repeat (``--repeat``)
+to see the noise.
 
 Usage: python bench/loadgen.py [--levels 32,64,128,256,384] [--hold 5] [--itl-ms 20]
+       [--workloads fixed,varied] [--repeat N] [--floor]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
 import resource
 import selectors
 import signal
@@ -39,18 +51,22 @@ CONTENT = b'"content":" tok'
 
 
 # ---- the reference client ---------------------------------------------------------------------
-def reference(url: str, concurrency: int, warmup_s: float, hold_s: float, tokens: int) -> dict:
+def reference(url: str, groups: list[int], warmup_s: float, hold_s: float, tokens: str,
+              seed: int = 1) -> dict:
+    """Streams ``sum(groups)`` requests at a time, each restarted as soon as its body ends.
+
+    The streams start in the groups Locust started servelab's users in (``spawn_groups``), one
+    group a second, so with fixed lengths both clients see the same synchronised finishes and
+    restarts. ``tokens`` is ``N`` (every request N output tokens) or ``LO-HI`` (uniform, from a
+    seeded generator)."""
     host, port = url.split("//", 1)[1].rsplit(":", 1)
-    body = json.dumps({"model": "calibration", "max_tokens": tokens, "stream": True,
-                       "messages": [{"role": "user", "content": "bench"}],
-                       "stream_options": {"include_usage": True,
-                                          "continuous_usage_stats": True}}).encode()
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: "
-            b"application/json\r\nContent-Length: %d\r\nX-Request-Id: " % len(body))
+    request = _requests(tokens, seed)
     sel = selectors.DefaultSelector()
     wall = time.time
     t0 = wall()
-    start, stop = t0 + warmup_s, t0 + warmup_s + hold_s
+    concurrency = sum(groups)
+    start = t0 + len(groups) - 1 + warmup_s
+    stop = start + hold_s
     firsts, chunks, count = {}, 0, [0]
     streams = {}
 
@@ -58,24 +74,30 @@ def reference(url: str, concurrency: int, warmup_s: float, hold_s: float, tokens
         count[0] += 1
         rid = f"ref-{count[0]}"
         st[:] = [wall(), rid, False, b""]
-        s.send(head + rid.encode() + b"\r\n\r\n" + body)
+        s.send(request(rid))
 
-    for _ in range(concurrency):
-        s = socket.create_connection((host, int(port)))
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.setblocking(False)
-        streams[s] = []
-        sel.register(s, selectors.EVENT_READ)
-        send(s, streams[s])
+    def spawn(n):
+        for _ in range(n):
+            s = socket.create_connection((host, int(port)))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.setblocking(False)
+            streams[s] = []
+            sel.register(s, selectors.EVENT_READ)
+            send(s, streams[s])
+
     cpu0 = None
+    pending, next_spawn = list(groups), t0
     while True:
         t = wall()
+        if pending and t >= next_spawn:
+            spawn(pending.pop(0))
+            next_spawn += 1.0
         if cpu0 is None and t >= start:
             r = resource.getrusage(resource.RUSAGE_SELF)
             cpu0, chunks = r.ru_utime + r.ru_stime, 0
         if t >= stop:
             break
-        for key, _ in sel.select(timeout=0.1):
+        for key, _ in sel.select(timeout=0.05):
             s = key.fileobj
             data = s.recv(65536)
             t = wall()
@@ -97,6 +119,98 @@ def reference(url: str, concurrency: int, warmup_s: float, hold_s: float, tokens
             "firsts": firsts}
 
 
+def _requests(tokens: str, seed: int):
+    """request(rid) -> the bytes of one streamed chat request; lengths ``N`` or ``LO-HI``."""
+    lo, _, hi = tokens.partition("-")
+    lo, hi = int(lo), int(hi or lo)
+    rng = random.Random(seed)
+    bodies = {}
+
+    def request(rid: str) -> bytes:
+        n = rng.randint(lo, hi)
+        if n not in bodies:
+            bodies[n] = json.dumps({
+                "model": "calibration", "max_tokens": n, "stream": True,
+                "messages": [{"role": "user", "content": "bench"}],
+                "stream_options": {"include_usage": True,
+                                   "continuous_usage_stats": True}}).encode()
+        b = bodies[n]
+        return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: "
+                b"application/json\r\nContent-Length: %d\r\nX-Request-Id: %s\r\n\r\n%s"
+                % (len(b), rid.encode(), b))
+
+    return request
+
+
+def gevent_reference(url: str, groups: list[int], warmup_s: float, hold_s: float, tokens: str,
+                     seed: int = 1) -> dict:
+    """``reference`` on gevent with one greenlet per stream and its blocking ``recv``: what
+    gevent's own wake-up costs per chunk, with no parsing and no recording (``--floor``)."""
+    from gevent import monkey
+
+    monkey.patch_all()
+    import gevent
+
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    request = _requests(tokens, seed)
+    wall = time.time
+    t0 = wall()
+    start = t0 + len(groups) - 1 + warmup_s
+    stop = start + hold_s
+    firsts, chunks, count = {}, [0], [0]
+
+    def user():
+        s = socket.create_connection((host, int(port)))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while wall() < stop:
+            count[0] += 1
+            rid = f"gev-{count[0]}"
+            sent = wall()
+            s.sendall(request(rid))
+            first, tail = False, b""
+            while True:
+                data = s.recv(65536)
+                t = wall()
+                n = data.count(CONTENT)
+                if n and not first:
+                    first = True
+                    if sent >= start:
+                        firsts[rid] = (sent, t)
+                if start <= t < stop:
+                    chunks[0] += n
+                tail = (tail + data[-7:])[-7:]
+                if tail.endswith(b"0\r\n\r\n") or not data:
+                    break
+        s.close()
+
+    users = []
+    for i, n in enumerate(groups):
+        gevent.sleep(max(0.0, t0 + i - wall()))
+        users += [gevent.spawn(user) for _ in range(n)]
+    gevent.sleep(max(0.0, start - wall()))
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    cpu0 = r.ru_utime + r.ru_stime
+    gevent.sleep(max(0.0, stop - wall()))
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = r.ru_utime + r.ru_stime - cpu0
+    gevent.killall(users, timeout=2)
+    return {"chunks": chunks[0], "cpu_s": cpu, "us_per_chunk": 1e6 * cpu / max(chunks[0], 1),
+            "firsts": firsts}
+
+
+def spawn_groups(levels: list[int], index: int) -> list[int]:
+    """The groups of users started together by the time level ``index`` runs: servelab's shape
+    asks Locust for min(users, 100) users a second (shapes.py) and Locust's dispatcher hands
+    them out in whole-second batches; the users of earlier levels stay."""
+    groups, have = [], 0
+    for level in levels[:index + 1]:
+        step = max(1, min(level, 100))
+        while have < level:
+            groups.append(min(step, level - have))
+            have += groups[-1]
+    return groups
+
+
 def _q(values, q):
     return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))] if values else None
 
@@ -115,14 +229,16 @@ def start_server(tmp: Path, args) -> tuple[subprocess.Popen, str]:
     return proc, ready.read_text().strip()
 
 
-def run_servelab(tmp: Path, url: str, levels: list[int], args) -> Path:
-    profile = tmp / "bench.yaml"
+def run_servelab(tmp: Path, url: str, levels: list[int], tokens: str, args, name: str) -> Path:
+    lo, _, hi = tokens.partition("-")
+    lengths = f"{{kind: uniform, min: {lo}, max: {hi}}}" if hi else lo
+    profile = tmp / f"{name}.yaml"
     profile.write_text(
         "name: loadgen_bench\ndescription: the load generator's own cost\nendpoint: chat\n"
         "model: auto\nsalt: false\nclasses:\n  - name: chat\n    prompt_tokens: 32\n"
-        f"    output_tokens: {args.tokens}\nload:\n  concurrency: {{levels: "
+        f"    output_tokens: {lengths}\nload:\n  concurrency: {{levels: "
         f"[{', '.join(map(str, levels))}], warmup: {args.warmup}s, hold: {args.hold}s}}\n")
-    db = tmp / "bench.duckdb"
+    db = tmp / f"{name}.duckdb"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -132,10 +248,10 @@ def run_servelab(tmp: Path, url: str, levels: list[int], args) -> Path:
         "--headless", "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port",
         str(port), "--expect-workers", "1", "--host", url, "--profile", str(profile), "--db",
         str(db), "--spool-dir", str(tmp / "spool"), "--exit-code-on-error", "0",
-        "--only-summary"], stdout=open(tmp / "master.log", "wb"), stderr=subprocess.STDOUT,
-        env=env, start_new_session=True)
+        "--only-summary"], stdout=open(tmp / f"{name}-master.log", "wb"),
+        stderr=subprocess.STDOUT, env=env, start_new_session=True)
     worker = subprocess.Popen(base + ["--worker", "--master-host", "127.0.0.1", "--master-port",
-                                      str(port)], stdout=open(tmp / "worker.log", "wb"),
+                                      str(port)], stdout=open(tmp / f"{name}-worker.log", "wb"),
                               stderr=subprocess.STDOUT, env=env, start_new_session=True)
     master.wait()
     worker.wait(timeout=30)
@@ -162,6 +278,8 @@ def added_ttft(pairs, records) -> list[float]:
 
 def servelab_rows(db: Path, records: dict) -> dict[int, dict]:
     import duckdb
+
+    from servelab.store.runs import saturation
 
     con = duckdb.connect(str(db), read_only=True)
     try:
@@ -195,11 +313,96 @@ def servelab_rows(db: Path, records: dict) -> dict[int, dict]:
                 "added_p50": _q(added, 0.5), "added_p99": _q(added, 0.99),
                 "chunks": chunks, "us_per_chunk": 1e6 * (health[0] or 0) / max(span_chunks, 1),
                 "lag_p99": health[1], "lag_max": health[2], "cpu": health[3], "errors": errors}
-        flags = con.execute("SELECT flags FROM runs").fetchone()[0]
+        run_id, flags = con.execute("SELECT run_id, flags FROM runs").fetchone()
         out["flags"] = flags
+        level_of = {stage: int(level) for stage, level, _, _ in stages}
+        for sat in saturation(con, run_id):
+            out[level_of[sat.stage]]["saturated"] = True
         return out
     finally:
         con.close()
+
+
+def run_client(kind: str, url: str, groups: list[int], tokens: str, args) -> dict:
+    """One level of a minimal client (``reference`` or ``gevent``) in its own process."""
+    server_records(url)  # start clean
+    res = subprocess.run([sys.executable, __file__, "--client", kind, "--url", url, "--groups",
+                          ",".join(map(str, groups)), "--warmup", str(args.warmup), "--hold",
+                          str(args.hold), "--lengths", tokens],
+                         capture_output=True, text=True, check=True)
+    r = json.loads(res.stdout)
+    records = server_records(url)
+    ttfts = sorted(1000 * (first - sent) for sent, first in r["firsts"].values())
+    added = added_ttft([(rid, 1000 * (f - s)) for rid, (s, f) in r["firsts"].items()], records)
+    r.update(ttft_p50=_q(ttfts, 0.5), ttft_p99=_q(ttfts, 0.99), added_p50=_q(added, 0.5),
+             added_p99=_q(added, 0.99))
+    return r
+
+
+def run_workload(tmp: Path, url: str, levels: list[int], tokens: str, args, name: str) -> dict:
+    """The reference (and the gevent floor) at every level, then servelab through all levels
+    in one Locust run."""
+    load_before = os.getloadavg()[0]
+    ref, floor = {}, {}
+    for i, c in enumerate(levels):
+        ref[c] = run_client("reference", url, spawn_groups(levels, i), tokens, args)
+        if args.floor:
+            floor[c] = run_client("gevent", url, spawn_groups(levels, i), tokens, args)
+    server_records(url)
+    db = run_servelab(tmp, url, levels, tokens, args, name)
+    ours = servelab_rows(db, server_records(url))
+    return {"ref": ref, "floor": floor, "ours": ours, "load": (load_before, os.getloadavg()[0])}
+
+
+def print_workload(levels: list[int], tokens: str, res: dict, repeat: str) -> dict:
+    ref, ours, floor = res["ref"], res["ours"], res["floor"]
+    print(f"\n{tokens} output tokens per request{repeat}; load average (1 min) "
+          f"{res['load'][0]:.2f} before, {res['load'][1]:.2f} after\n")
+    head = ("streams", "TTFT p50/p99 ms ref", "servelab", "client-added TTFT p50/p99 ms ref",
+            "servelab", "CPU us/chunk ref", "servelab", "worker CPU %", "loop lag p99/max ms",
+            "errors")
+    if floor:
+        head += ("gevent floor: TTFT p99 ms", "CPU us/chunk")
+    print(" | ".join(head))
+    print(" | ".join("-" * len(h) for h in head))
+
+    def f(v, d=1):
+        return "-" if v is None else f"{v:.{d}f}"
+
+    held = held_added = None
+    ok_so_far = ok_added_so_far = True
+    for c in levels:
+        r, s = ref[c], ours.get(c, {})
+        ok = (s.get("ttft_p99") is not None and r["ttft_p99"] is not None
+              and s["ttft_p99"] - r["ttft_p99"] <= 5.0 and not s.get("errors"))
+        ok_added = (s.get("added_p99") is not None and r["added_p99"] is not None
+                    and s["added_p99"] - r["added_p99"] <= 5.0 and not s.get("errors"))
+        ok_so_far = ok_so_far and ok
+        ok_added_so_far = ok_added_so_far and ok_added
+        if ok_so_far:
+            held = c
+        if ok_added_so_far:
+            held_added = c
+        cells = [
+            str(c), f"{f(r['ttft_p50'])}/{f(r['ttft_p99'])}",
+            f"{f(s.get('ttft_p50'))}/{f(s.get('ttft_p99'))}" + ("" if ok else " *"),
+            f"{f(r['added_p50'])}/{f(r['added_p99'])}",
+            f"{f(s.get('added_p50'))}/{f(s.get('added_p99'))}" + ("" if ok_added else " *"),
+            f(r["us_per_chunk"]), f(s.get("us_per_chunk")), f(s.get("cpu"), 0),
+            f"{f(s.get('lag_p99'))}/{f(s.get('lag_max'))}" + (" S" if s.get("saturated") else ""),
+            str(s.get("errors", "-"))]
+        if floor:
+            cells += [f(floor[c]["ttft_p99"]), f(floor[c]["us_per_chunk"])]
+        print(" | ".join(cells))
+    print(f"\nhighest concurrency held (it and every level below with servelab's TTFT p99 "
+          f"within 5 ms of the reference's): {held or 'none'}; by client-added TTFT: "
+          f"{held_added or 'none'} (* = not within; S = stage flagged generator_saturated)")
+    print(f"servelab run flags: {', '.join(ours.get('flags') or []) or 'none'}")
+    top = [c for c in levels if c >= 128]
+    return {"held": held, "held_added": held_added, "load": res["load"],
+            "ref_us": [ref[c]["us_per_chunk"] for c in top],
+            "ours_us": [ours.get(c, {}).get("us_per_chunk") for c in top],
+            "floor_us": [floor[c]["us_per_chunk"] for c in top if c in floor]}
 
 
 def main() -> int:
@@ -209,73 +412,64 @@ def main() -> int:
     ap.add_argument("--hold", type=float, default=5.0)
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--itl-ms", type=float, default=20.0)
-    ap.add_argument("--tokens", type=int, default=100, help="output tokens per request")
-    ap.add_argument("--reference", help=argparse.SUPPRESS)
-    ap.add_argument("--concurrency", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", type=int, default=100, help="output tokens per request (mean)")
+    ap.add_argument("--workloads", default="fixed,varied",
+                    help="fixed: every request --tokens long; varied: uniform from half to 1.5 "
+                         "times --tokens")
+    ap.add_argument("--repeat", type=int, default=1, help="run everything this many times")
+    ap.add_argument("--floor", action="store_true",
+                    help="also run the reference's client on gevent, a greenlet per stream "
+                         "(what gevent's wake-ups cost per chunk, without any parsing)")
+    ap.add_argument("--client", choices=("reference", "gevent"), help=argparse.SUPPRESS)
+    ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--groups", help=argparse.SUPPRESS)
+    ap.add_argument("--lengths", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.reference:
-        print(json.dumps(reference(args.reference, args.concurrency, args.warmup, args.hold,
-                                   args.tokens)))
+    if args.client:
+        client = reference if args.client == "reference" else gevent_reference
+        print(json.dumps(client(args.url, [int(x) for x in args.groups.split(",")],
+                                args.warmup, args.hold, args.lengths)))
         return 0
     levels = [int(x) for x in args.levels.split(",")]
+    workloads = {"fixed": str(args.tokens),
+                 "varied": f"{args.tokens // 2}-{args.tokens * 3 // 2}"}
+    chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = [w for w in chosen if w not in workloads]
+    if unknown:
+        raise SystemExit(f"--workloads: found {', '.join(unknown)}; allowed fixed, varied")
     tmp = Path(tempfile.mkdtemp(prefix="servelab-bench-"))
     server, url = start_server(tmp, args)
+    print(f"load generator cost: calibration server TTFT {args.ttft_ms:g} ms, ITL "
+          f"{args.itl_ms:g} ms; {os.cpu_count()} CPUs; servelab = 1 Locust worker process "
+          f"(and a master), everything recorded; reference = one raw-socket process; "
+          f"streams start in the groups Locust starts users in")
+    summary = []
     try:
-        ref = {}
-        for c in levels:
-            server_records(url)  # start clean
-            res = subprocess.run([sys.executable, __file__, "--reference", url, "--concurrency",
-                                  str(c), "--warmup", str(args.warmup), "--hold",
-                                  str(args.hold), "--tokens", str(args.tokens)],
-                                 capture_output=True, text=True, check=True)
-            r = json.loads(res.stdout)
-            records = server_records(url)
-            ttfts = sorted(1000 * (first - sent) for sent, first in r["firsts"].values())
-            added = added_ttft([(rid, 1000 * (f - s)) for rid, (s, f) in r["firsts"].items()],
-                               records)
-            r.update(ttft_p50=_q(ttfts, 0.5), ttft_p99=_q(ttfts, 0.99),
-                     added_p50=_q(added, 0.5), added_p99=_q(added, 0.99))
-            ref[c] = r
-        db = run_servelab(tmp, url, levels, args)
-        ours = servelab_rows(db, server_records(url))
+        for rep in range(args.repeat):
+            for w in chosen:
+                res = run_workload(tmp, url, levels, workloads[w], args, f"{w}-{rep + 1}")
+                tag = f", run {rep + 1} of {args.repeat}" if args.repeat > 1 else ""
+                summary.append((w, rep + 1, print_workload(levels, workloads[w], res, tag)))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=10)
-    print(f"\nload generator cost: calibration server TTFT {args.ttft_ms:g} ms, ITL "
-          f"{args.itl_ms:g} ms, {args.tokens} output tokens; {os.cpu_count()} CPUs; "
-          f"servelab = 1 Locust worker process, everything recorded\n")
-    head = ("streams", "TTFT p50/p99 ms ref", "servelab", "client-added TTFT p50/p99 ms ref",
-            "servelab", "CPU us/chunk ref", "servelab", "worker CPU %", "loop lag p99/max ms",
-            "errors")
-    print(" | ".join(head))
-    print(" | ".join("-" * len(h) for h in head))
-    best = best_added = None
 
-    def f(v, d=1):
-        return "-" if v is None else f"{v:.{d}f}"
+    def rng(values):
+        values = [v for v in values if v is not None]
+        return f"{min(values):.1f}-{max(values):.1f}" if values else "-"
 
-    for c in levels:
-        r, s = ref[c], ours.get(c, {})
-        ok = (s.get("ttft_p99") is not None and r["ttft_p99"] is not None
-              and s["ttft_p99"] - r["ttft_p99"] <= 5.0 and not s.get("errors"))
-        ok_added = (s.get("added_p99") is not None and r["added_p99"] is not None
-                    and s["added_p99"] - r["added_p99"] <= 5.0 and not s.get("errors"))
-        if ok:
-            best = c
-        if ok_added:
-            best_added = c
-        print(" | ".join([
-            str(c), f"{f(r['ttft_p50'])}/{f(r['ttft_p99'])}",
-            f"{f(s.get('ttft_p50'))}/{f(s.get('ttft_p99'))}" + ("" if ok else " *"),
-            f"{f(r['added_p50'])}/{f(r['added_p99'])}",
-            f"{f(s.get('added_p50'))}/{f(s.get('added_p99'))}" + ("" if ok_added else " *"),
-            f(r["us_per_chunk"]), f(s.get("us_per_chunk")), f(s.get("cpu"), 0),
-            f"{f(s.get('lag_p99'))}/{f(s.get('lag_max'))}", str(s.get("errors", "-"))]))
-    print(f"\nhighest concurrency with servelab TTFT p99 within 5 ms of the reference: "
-          f"{best if best is not None else 'none'}; with its client-added TTFT p99 within 5 ms "
-          f"of the reference's: {best_added if best_added is not None else 'none'} "
-          "(* = not within)")
-    print(f"servelab run flags: {', '.join(ours.get('flags') or []) or 'none'}; files in {tmp}")
+    print("\nsummary (CPU us/chunk at 128 streams and up)")
+    print("workload | run | load avg before/after | CPU us/chunk ref | servelab | streams held "
+          "(TTFT p99) | (client-added TTFT p99)" + (" | gevent floor us/chunk" if args.floor
+                                                    else ""))
+    print("-------- | --- | --------------------- | ---------------- | -------- | ------------ "
+          "| ------------" + (" | ------" if args.floor else ""))
+    for w, rep, s in summary:
+        print(f"{w} ({workloads[w]}) | {rep} | {s['load'][0]:.2f}/{s['load'][1]:.2f} | "
+              f"{rng(s['ref_us'])} | {rng(s['ours_us'])} | {s['held'] or 'none'} | "
+              f"{s['held_added'] or 'none'}" + (f" | {rng(s['floor_us'])}" if args.floor
+                                                else ""))
+    print(f"files in {tmp}")
     return 0
 
 

@@ -44,7 +44,8 @@ def test_outcomes_and_error_kinds(tmp_path):
         results = probe(cases)
         by = {}
         for r in results:
-            by.setdefault(r["name"], []).append(r)
+            by.setdefault(r.get("name"), []).append(r)
+        assert by[None] == [{"reactor_streams_left": 0}]
 
         ok = by["ok_chat"][0]
         assert ok["error_kind"] is None and ok["http_status"] == 200
@@ -62,7 +63,8 @@ def test_outcomes_and_error_kinds(tmp_path):
         assert abs((ok["first_token_unix"] - ok["sent_unix"]) * 1000 - ok["ttft_ms"]) < 0.01
         # exactly one Locust entry: name = class, response_time = E2E, length = output tokens
         assert ok["locust_events"] == [{"name": "probe", "response_time": ok["e2e_ms"],
-                                        "response_length": 8, "failed": False}]
+                                        "response_length": 8, "failed": False,
+                                        "url": url + "/v1/chat/completions"}]
         comp = by["ok_completions"][0]
         assert comp["error_kind"] is None and len(comp["chunk_offsets_ms"]) == 6
 
@@ -103,3 +105,72 @@ def test_outcomes_and_error_kinds(tmp_path):
             metrics = resp.read().decode()
         assert "calib_rejected_total 1\n" in metrics  # asked once, then remembered
         assert 'calib_requests_total{model_name="calibration"} 3\n' in metrics
+
+
+def test_streams_read_together_and_after_failures(tmp_path):
+    """Many streams at once go through the process's one epoll reactor; a stream it dropped for
+    a timeout or a cut leaves nothing behind, and the same user's next request is clean."""
+    with calibration(tmp_path, "--ttft-ms", "10", "--itl-ms", "3") as url:
+        fast = {"between_chunks_s": 0.2, "first_token_s": 1.0, "total_s": 5.0}
+        results = probe([
+            {"name": "many", "url": url, "max_tokens": 20, "parallel": 48, "repeat": 2},
+            {"name": "stall_then_ok", "url": url, "max_tokens": 6, "fault": "stall:600@2",
+             "fault_first": True, "repeat": 2, "timeouts": fast},
+            {"name": "cut_then_ok", "url": url, "max_tokens": 6, "fault": "cut@3",
+             "fault_first": True, "repeat": 2},
+            {"name": "malformed_then_ok", "url": url, "max_tokens": 6, "fault": "malformed@1",
+             "fault_first": True, "repeat": 2},
+        ])
+    by = {}
+    for r in results:
+        by.setdefault(r.get("name"), []).append(r)
+    many = by["many"]
+    assert len(many) == 96 and len({r["response_id"] for r in many}) == 96
+    for r in many:
+        assert r["error_kind"] is None and r["finish_reason"] == "length"
+        assert r["chunk_tokens"] == [1] * 20 and r["output_tokens"] == 20
+        assert len(r["chunk_offsets_ms"]) == 20 and r["chunk_offsets_ms"] == \
+            sorted(r["chunk_offsets_ms"])
+        assert 9.0 <= r["ttft_ms"] < 500   # the server's timers (uvloop) are per millisecond
+        assert len(r["locust_events"]) == 1 and r["locust_events"][0]["response_length"] == 20
+    for name, kind, chunks in (("stall_then_ok", "timeout_between_chunks", 2),
+                               ("cut_then_ok", "stream_cut", 3),
+                               ("malformed_then_ok", "malformed_json", 6)):
+        first, second = by[name]
+        assert first["error_kind"] == kind and len(first["chunk_offsets_ms"]) == chunks, first
+        assert first["locust_events"][0]["failed"] is True
+        assert second["error_kind"] is None and second["chunk_tokens"] == [1] * 6, second
+        assert second["locust_events"][0]["failed"] is False
+    assert by[None][0] == {"reactor_streams_left": 0}
+
+
+def test_request_head_headers_and_cookies(tmp_path):
+    """The request servelab writes itself: what FastHttpSession would send (the session's own
+    default headers included), one id and length per request, and a cookie the server set."""
+    results = probe([{"name": "echo", "url": "echo", "max_tokens": 2, "repeat": 2,
+                      "headers": {"Authorization": "Bearer k-123"}}])
+    first, second = [r for r in results if r.get("name") == "echo"]
+    assert first["error_kind"] is None and first["chunk_tokens"] == [1, 1]
+    assert first["token_source"] == "usage" and first["output_tokens"] == 2
+    assert second["error_kind"] is None
+    heads = [r for r in results if "heads" in r][0]["heads"]
+    assert len(heads) == 2
+    for i, h in enumerate(heads):
+        lines = h["head"].split("\r\n")
+        # the base URL ended with a slash: no "//" in the request target
+        assert lines[0] == "POST /v1/chat/completions HTTP/1.1"
+        fields = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(": ")
+            assert name.lower() not in fields, f"{name} sent twice"
+            fields[name.lower()] = value
+        assert fields["x-request-id"] == f"probe-{i}"
+        assert int(fields["content-length"]) == h["body_length"] > 0
+        assert fields["content-type"] == "application/json"
+        assert fields["accept"] == "text/event-stream"
+        assert fields["accept-encoding"] == "identity"
+        assert fields["authorization"] == "Bearer k-123"
+        assert fields["host"].startswith("127.0.0.1:")
+        assert "user-agent" in fields
+    assert "cookie" not in heads[0]["head"].lower()
+    assert "\r\nCookie: sid=abc" in heads[1]["head"]

@@ -1,4 +1,4 @@
-"""One streamed LLM request through Locust's FastHttpSession, timed and classified.
+"""One streamed LLM request over a Locust FastHttpUser's connection pool, timed and classified.
 
 ``execute`` never raises for anything the server or the network does: a refused connection, a
 timeout, an HTTP error, an error frame inside a 200 stream, a cut or malformed stream all come
@@ -7,6 +7,7 @@ request: name = the profile's class, response_time = E2E in ms, response_length 
 """
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass
 
@@ -14,12 +15,17 @@ import gevent
 import orjson
 from gevent import monkey
 from geventhttpclient.connectionpool import ConnectionPool
+from locust.contrib.fasthttp import FastResponse
+from locust.exception import CatchResponseError
 
 from servelab.loadgen.clock import to_unix
 from servelab.loadgen.stream import StreamState, read_stream
 from servelab.loadgen.watchdog import StreamTimeout, Watchdog
+from servelab.loadgen.wire import Wire
 
 ALL_STATUSES = frozenset(range(100, 600))
+_CONTINUOUS = {"include_usage": True, "continuous_usage_stats": True}
+_USAGE_ONLY = {"include_usage": True}
 
 
 def _socket_alive(self, sock) -> bool:
@@ -76,7 +82,11 @@ class Outcome:
                  "t_sent", "aborted")
 
     def as_columns(self) -> dict:
-        return {k: getattr(self, k) for k in self.__slots__ if k not in ("t_sent", "aborted")}
+        return dict(zip(_COLUMNS, _columns(self)))
+
+
+_COLUMNS = tuple(k for k in Outcome.__slots__ if k not in ("t_sent", "aborted"))
+_columns = operator.attrgetter(*_COLUMNS)
 
 
 def execute(session, target: Target, spec: RequestSpec, watchdog: Watchdog,
@@ -102,29 +112,29 @@ def _attempt(session, target: Target, spec: RequestSpec, watchdog: Watchdog,
              continuous: bool, texts: list | None) -> Outcome:
     body = dict(spec.body)
     body["stream"] = True
-    body["stream_options"] = ({"include_usage": True, "continuous_usage_stats": True}
-                              if continuous else {"include_usage": True})
+    body["stream_options"] = _CONTINUOUS if continuous else _USAGE_ONLY
     data = orjson.dumps(body)
-    headers = {"Content-Type": "application/json", "Accept": "text/event-stream",
-               "Accept-Encoding": "identity", "X-Request-Id": spec.request_id}
+    wire = None
     if texts is not None:
         texts.clear()
     state = StreamState()
     out = Outcome()
     out.aborted = None
     status = 0
+    raw = None
+    start_time = time.time()
     t_sent = time.perf_counter()
     watchdog.watch(state, t_sent)
-    resp = None
     try:
-        resp = session.post(target.path, data=data, headers=headers, stream=True,
-                            catch_response=True, name=spec.class_name)
-        error = getattr(resp, "error", None)
-        if error is not None:
-            _flag(state, *_classify_exception(error, False))
+        try:
+            wire = _wire(session, target)
+            raw = wire.send(data, spec.request_id)
+        except gevent.GreenletExit:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure is an outcome
+            _flag(state, *_classify_exception(exc, False))
         else:
-            status = resp.status_code
-            raw = resp._response
+            status = raw.get_code()
             if status != 200:
                 _flag(state, f"http_{status}", _body_excerpt(raw))
             else:
@@ -146,19 +156,36 @@ def _attempt(session, target: Target, spec: RequestSpec, watchdog: Watchdog,
         out.aborted = exc
     finally:
         watchdog.release()
-    _fill(out, state, spec, status, t_sent, time.perf_counter())
-    if resp is not None:
-        # One Locust entry per LLM request: E2E and output tokens, not time-to-headers.
-        with resp:
-            meta = resp.request_meta
-            meta["response_time"] = (out.e2e_ms if out.e2e_ms is not None
-                                     else (time.perf_counter() - t_sent) * 1000.0)
-            meta["response_length"] = out.output_tokens or 0
-            if state.error_kind:
-                resp.failure(f"{state.error_kind}: {(state.error_text or '')[:200]}")
-            else:
-                resp.success()
+    t_done = time.perf_counter()
+    _fill(out, state, spec, status, t_sent, t_done)
+    _report(session, target, wire, spec, out, state, raw, start_time, t_done)
     return out
+
+
+def _wire(session, target: Target) -> Wire:
+    wire = getattr(session, "_servelab_wire", None)
+    if wire is None or wire.path != target.path:
+        wire = Wire(session, session.base_url or target.base_url, target.path)
+        session._servelab_wire = wire
+    return wire
+
+
+def _report(session, target: Target, wire: Wire | None, spec: RequestSpec, out: Outcome,
+            state: StreamState, raw, start_time: float, t_done: float) -> None:
+    """One Locust entry per LLM request: E2E and output tokens, not time-to-headers."""
+    exception = None
+    if state.error_kind:
+        exception = CatchResponseError(f"{state.error_kind}: {(state.error_text or '')[:200]}")
+    user = session.user
+    session.request_event.fire(
+        request_type="POST", name=spec.class_name,
+        response_time=(out.e2e_ms if out.e2e_ms is not None
+                       else (t_done - out.t_sent) * 1000.0),
+        response_length=out.output_tokens or 0, exception=exception,
+        context=user.context() if user is not None else {},
+        response=FastResponse(raw) if raw is not None else None,
+        start_time=start_time,
+        url=wire.url_text if wire is not None else f"{session.base_url}{target.path}")
 
 
 def _fill(out: Outcome, state: StreamState, spec: RequestSpec, status: int, t_sent: float,
@@ -183,7 +210,7 @@ def _fill(out: Outcome, state: StreamState, spec: RequestSpec, status: int, t_se
         out.chunk_offsets_ms = []
     usage = state.usage
     if state.continuous and len(state.tokens) == len(stamps) and stamps:
-        out.chunk_tokens = state.tokens
+        out.chunk_tokens = state.tokens.tolist()
         out.chunk_token_source = "usage"
     else:
         out.chunk_tokens = [1] * len(stamps)  # one token per chunk: vLLM's norm without spec decode
