@@ -12,7 +12,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import NullFormatter, ScalarFormatter  # noqa: E402
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter  # noqa: E402
 
 DPI = 110
 
@@ -158,6 +158,8 @@ def timeline(client: list[dict], server: list[dict], stages: list[dict], started
     ax["latency"].set_ylabel("client ms")
     if any(_finite(r.get("ttft_p99_ms")) and r["ttft_p99_ms"] > 0 for r in client):
         ax["latency"].set_yscale("log")
+        # 1-2-5 ticks: a latency range inside one decade would otherwise get no labelled tick
+        ax["latency"].yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax["latency"].yaxis.set_major_formatter(ScalarFormatter())
         ax["latency"].yaxis.set_minor_formatter(NullFormatter())
     x, y = xs(client, "output_tokens")
