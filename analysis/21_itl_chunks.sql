@@ -20,13 +20,5 @@ SELECT
     gap_ms,
     tokens,
     gap_ms / tokens AS itl_ms
-FROM (
-    SELECT
-        run_id, request_id, class_name, stage, level, measured, ok,
-        unnest(range(2, n_chunks + 1)) AS chunk_index,
-        sent_unix + unnest(list_slice(chunk_offsets_ms, 2, -1)) / 1000.0 AS arrival_unix,
-        unnest(gaps_ms) AS gap_ms,
-        unnest(list_slice(chunk_weights, 2, -1)) AS tokens
-    FROM request_metrics
-    WHERE n_chunks >= 2
-);
+FROM chunk_arrivals
+WHERE chunk_index >= 2;
