@@ -51,11 +51,6 @@ def classify(res):
     return kinds[0] if kinds else "ok"  # "ok" includes stalls: a busy machine also makes gaps
 
 
-def largest_gap(res):
-    times = [t for t, _ in res.events]
-    return max(b - a for a, b in zip(times, times[1:]))
-
-
 def test_each_fault_kind_on_the_wire():
     body = {"model": MODEL, "prompt": "fault test", "max_tokens": 12, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
@@ -75,8 +70,12 @@ def test_each_fault_kind_on_the_wire():
     kinds = Counter()
     for r in results:
         kind = classify(r)
-        if kind == "ok" and records[r.json_chunks()[0]["id"]]["fault"] == "stall":
-            assert largest_gap(r) >= STALL_S * 0.95
+        record = records[r.json_chunks()[0]["id"]] if kind == "ok" else None
+        if record is not None and record["fault"] == "stall":
+            # The pause is judged on the server's own write times: a client on a busy machine can
+            # read the chunk before the pause late, which shortens the gap it sees.
+            times = record["chunk_times"]
+            assert max(b - a for a, b in zip(times, times[1:])) >= STALL_S * 0.95
             kind = "stall"
         kinds[kind] += 1
     rates = dict(kv.split("=") for kv in SPEC.split(","))
