@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from servelab.cli import COMMAND_MODULES, build_parser, main
-from servelab.paths import profiles_dir
+from servelab.core.paths import profiles_dir
 from servelab.store.db import open_db
 
 

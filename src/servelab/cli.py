@@ -6,7 +6,7 @@ import importlib
 import sys
 
 from servelab import __version__
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 
 # Order is the order shown by --help.
 COMMAND_MODULES = [

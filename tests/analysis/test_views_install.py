@@ -12,8 +12,8 @@ import pytest
 from analysis_rows import create_db, insert, k1_rows
 from servelab.analysis.db import open_for_reading, resolve_run
 from servelab.analysis.views import install_views, stale_views, view_files, view_names
-from servelab.errors import ServelabError
-from servelab.paths import analysis_dir
+from servelab.core.errors import ServelabError
+from servelab.core.paths import analysis_dir
 
 EXPECTED_VIEWS = {"request_metrics", "chunk_arrivals", "itl_chunks", "itl_tokens", "itl_stage_quantiles", "stage_summary",
                   "client_timeline", "server_series", "server_timeline", "server_stage_summary", "run_overview",

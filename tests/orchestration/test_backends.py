@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.orchestration import backends
 from servelab.orchestration.verify import verify
 from servelab.specs.variants import load_variant

@@ -6,7 +6,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.orchestration.fidelity import compare_tokens, load_prompts
 
 REPO = Path(__file__).resolve().parents[2]

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.orchestration.gpus import parse_gpu_csv, parse_topology, read_gpus
 from servelab.orchestration.preflight import run_preflight
 from servelab.specs.variants import load_variant

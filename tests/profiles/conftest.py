@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.paths import DATA_DIR
+from servelab.core.paths import DATA_DIR
 
 TOKENIZER_JSON = DATA_DIR / "tokenizer.json"
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from servelab.profiles.corpus import load_corpus, sections
 from servelab.profiles.planner import RequestPlanner
 from servelab.profiles.prompts import PromptBuilder
 from servelab.profiles.tokens import EstimateCounter, make_counter
-from servelab.paths import DATA_DIR
+from servelab.core.paths import DATA_DIR
 
 from .conftest import TOKENIZER_JSON
 

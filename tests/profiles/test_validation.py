@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.profiles import ProfileError, load_profile
 
 GOOD = """

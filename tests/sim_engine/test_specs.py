@@ -1,7 +1,7 @@
 """Specs layer: hardware files, model configs, vLLM serve flags, engine-config decisions."""
 import pytest
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.specs import (
     batch_defaults,
     build_engine_config,

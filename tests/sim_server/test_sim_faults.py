@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.sim.faults import parse_faults
 from servelab.sim.server import start_background
 from sim_server_helpers import FAST, MODEL, get, sse_post

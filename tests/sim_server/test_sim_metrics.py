@@ -124,7 +124,7 @@ def test_mean_acceptance_length_follows_the_prompts_content(spec_sim):
     accepted as often as the defaults say (vLLM's mean acceptance length = 1 + accepted/drafts)."""
     import random
 
-    from servelab.paths import DATA_DIR
+    from servelab.core.paths import DATA_DIR
 
     prose = (DATA_DIR / "modern_prose.txt").read_text().split()
     rng = random.Random(11)

@@ -4,7 +4,7 @@ import asyncio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.sim.server import server_dev_mode, start_background
 from sim_server_helpers import FAST, MODEL, get, post_json, sse, sse_post
 

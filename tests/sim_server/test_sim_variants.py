@@ -25,7 +25,7 @@ def test_flags_after_a_variant_override_it_and_precision_sets_divergence():
 def test_acceptance_hint_follows_the_prompts_content():
     import random
 
-    from servelab.paths import DATA_DIR
+    from servelab.core.paths import DATA_DIR
     from servelab.sim.spec_hint import equivalent_acceptance, expected_accepted, ngram_repetition
 
     assert ngram_repetition([1, 2, 3, 4, 5, 6]) == 0.0

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import duckdb
 import numpy as np
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 
 from .db import fetch_dicts
 from .stats import percentile_interval, ratio, weighted_quantiles

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import duckdb
 
-from servelab.errors import ServelabError
-from servelab.paths import default_db
+from servelab.core.errors import ServelabError
+from servelab.core.paths import default_db
 
 from .views import has_schema, install_views, stale_views, view_files
 

@@ -8,9 +8,9 @@ counted as often as it was drawn) both are, without materialising the repeats.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
+
+from servelab.core.quantiles import quantile_cont  # noqa: F401  (re-exported: one definition)
 
 
 def _interpolate(lo: np.ndarray, hi: np.ndarray, frac: np.ndarray) -> np.ndarray:
@@ -19,18 +19,6 @@ def _interpolate(lo: np.ndarray, hi: np.ndarray, frac: np.ndarray) -> np.ndarray
     # inf - inf is nan: between two infinities (or at an exact rank) the answer is the bound itself.
     same = (lo == hi) | (frac == 0)
     return np.where(same, lo, out)
-
-
-def quantile_cont(values, q: float) -> float:
-    """Linear-interpolation quantile of the non-NaN values (+inf allowed); NaN when empty."""
-    v = np.sort(np.asarray([x for x in values if x is not None], dtype=float))
-    v = v[~np.isnan(v)]
-    if v.size == 0:
-        return math.nan
-    h = (v.size - 1) * q
-    lo = math.floor(h)
-    hi = min(lo + 1, v.size - 1)
-    return float(_interpolate(np.array(v[lo]), np.array(v[hi]), np.array(h - lo)))
 
 
 def weighted_quantiles(sorted_values: np.ndarray, weights: np.ndarray, qs) -> np.ndarray:

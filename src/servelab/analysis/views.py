@@ -15,8 +15,8 @@ from pathlib import Path
 
 import duckdb
 
-from servelab.errors import ServelabError
-from servelab.paths import analysis_dir
+from servelab.core.errors import ServelabError
+from servelab.core.paths import analysis_dir
 
 VIEW_FILE = re.compile(r"^\d+_[a-z0-9_]+\.sql$")
 CREATED = re.compile(r"CREATE\s+OR\s+REPLACE\s+(VIEW|MACRO)\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)

@@ -84,7 +84,7 @@ def compare(args) -> int:
     from servelab.analysis.compare import METRIC_LABEL, compare_groups, groups_for_runs, groups_for_variants
     from servelab.analysis.db import open_for_reading, resolve_runs
     from servelab.analysis.summary import fmt, make_console, pct
-    from servelab.errors import ServelabError
+    from servelab.core.errors import ServelabError
 
     if bool(args.runs) == bool(args.variants):
         raise ServelabError("give either run ids (servelab compare RUN RUN ...) or --variants A,B,..., not both or neither")
@@ -170,7 +170,7 @@ def sql(args) -> int:
     import duckdb
 
     from servelab.analysis.db import open_for_reading
-    from servelab.errors import ServelabError
+    from servelab.core.errors import ServelabError
 
     if bool(args.query) == bool(args.file):
         raise ServelabError('give the SQL either as an argument (servelab sql "SELECT ...") or with -f FILE')

@@ -32,7 +32,7 @@ def _banner(text: str) -> None:
 def run(args) -> int:
     from servelab.cli import main as servelab
     from servelab.commands.profiles import show_all_profiles
-    from servelab.paths import profiles_dir
+    from servelab.core.paths import profiles_dir
 
     if not args.skip_profiles:
         _banner("1/2  the shipped traffic profiles (servelab profiles show FILE)")

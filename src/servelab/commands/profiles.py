@@ -70,7 +70,7 @@ def show_cmd(args) -> int:
 
 def show_all_profiles() -> int:
     """Print every shipped profile's summary (traffic_profiles/*.yaml); 2 if any is invalid."""
-    from servelab.paths import profiles_dir
+    from servelab.core.paths import profiles_dir
     from servelab.profiles import ProfileError, load_profile
     from servelab.profiles.summary import summarize
 
@@ -94,7 +94,7 @@ def sample_cmd(args) -> int:
     import csv
     import json
 
-    from servelab.errors import ServelabError
+    from servelab.core.errors import ServelabError
     from servelab.profiles import load_profile
     from servelab.profiles.planner import RequestPlanner
 

@@ -62,9 +62,9 @@ def register(sub) -> None:
 
 # ---- servelab run ---------------------------------------------------------------------------
 def run(args) -> int:
-    from servelab.errors import ServelabError
+    from servelab.core.errors import ServelabError
     from servelab.loadgen.options import new_run_id, parse_tags
-    from servelab.paths import default_db, loadtests_dir
+    from servelab.core.paths import default_db, loadtests_dir
     from servelab.profiles import load_profile
     from servelab.store.db import open_db
 
@@ -130,7 +130,7 @@ def check_target(target: str) -> None:
     import urllib.error
     import urllib.request
 
-    from servelab.errors import ServelabError
+    from servelab.core.errors import ServelabError
 
     try:
         urllib.request.urlopen(target + "/v1/models", timeout=10).close()
@@ -143,7 +143,7 @@ def check_target(target: str) -> None:
 
 
 def start_simulator(args, logs: Path):
-    from servelab.errors import ServelabError
+    from servelab.core.errors import ServelabError
 
     ready = logs / "sim.ready"
     cmd = [sys.executable, "-m", "servelab.commands.sim", "--port", "0", "--ready-file", str(ready)]
@@ -284,7 +284,7 @@ def report(db: Path, run_id: str, status_file: Path, code: int, logs: Path) -> i
     import duckdb
 
     from servelab.analysis.summary import make_console
-    from servelab.errors import ServelabError
+    from servelab.core.errors import ServelabError
 
     console = make_console()
     try:
@@ -375,7 +375,7 @@ def ingest(args) -> int:
     from rich.console import Console
 
     from servelab.analysis.views import open_results_db
-    from servelab.paths import default_db
+    from servelab.core.paths import default_db
     from servelab.store.ingest import ingest as ingest_spools
 
     console = Console()

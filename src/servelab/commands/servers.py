@@ -193,12 +193,12 @@ def verify_cmd(args) -> int:
     from servelab.specs.variants import load_variant
 
     if not (args.log or args.url or args.metrics):
-        from servelab.errors import ServelabError
+        from servelab.core.errors import ServelabError
         raise ServelabError("give the server's start-up log (--log FILE), a running server "
                             "(--url URL) or a saved /metrics page (--metrics FILE)")
     variant = load_variant(args.variant)
     if args.run and not args.db:
-        from servelab.paths import default_db
+        from servelab.core.paths import default_db
         args.db = str(default_db())
     gpus = read_gpus(args.gpus) if args.gpus else None
     expected = None
@@ -216,7 +216,7 @@ def verify_cmd(args) -> int:
 
 
 def _variant_list(text: str) -> list:
-    from servelab.errors import ServelabError
+    from servelab.core.errors import ServelabError
     from servelab.specs.variants import load_variant
 
     names = [n.strip() for n in text.split(",") if n.strip()]
@@ -231,11 +231,11 @@ def fidelity_cmd(args) -> int:
     from pathlib import Path
 
     from servelab.orchestration import backends, fidelity
-    from servelab.paths import default_db
+    from servelab.core.paths import default_db
 
     baseline = _variant_list(args.baseline)
     if len(baseline) != 1:
-        from servelab.errors import ServelabError
+        from servelab.core.errors import ServelabError
         raise ServelabError("--baseline takes one variant")
     variants = baseline + _variant_list(args.candidates)
     prompts = fidelity.load_prompts(args.prompts)
@@ -266,7 +266,7 @@ def fidelity_cmd(args) -> int:
 
 
 def _tags(items: list[str]) -> dict:
-    from servelab.errors import ServelabError
+    from servelab.core.errors import ServelabError
 
     tags = {}
     for item in items:
@@ -279,7 +279,7 @@ def _tags(items: list[str]) -> dict:
 
 def predict_cmd(args) -> int:
     from servelab.orchestration.predict import predict, render
-    from servelab.paths import default_db
+    from servelab.core.paths import default_db
     from servelab.specs.variants import load_variant
 
     variant = load_variant(args.variant)
@@ -295,7 +295,7 @@ def matrix_cmd(args) -> int:
     from pathlib import Path
 
     from servelab.orchestration import matrix
-    from servelab.paths import default_db, project_root
+    from servelab.core.paths import default_db, project_root
 
     variants = _variant_list(args.variants)
     db = Path(args.db) if args.db else default_db()

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     (what a parent process such as the load generator spawns)."""
     import argparse
 
-    from servelab.errors import ServelabError
+    from servelab.core.errors import ServelabError
 
     parser = argparse.ArgumentParser(prog="servelab")
     register(parser.add_subparsers(dest="command"))

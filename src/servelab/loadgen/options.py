@@ -9,8 +9,8 @@ from dataclasses import asdict, dataclass
 import time
 import uuid
 
-from servelab.errors import ServelabError
-from servelab.paths import default_db
+from servelab.core.errors import ServelabError
+from servelab.core.paths import default_db
 
 
 @dataclass

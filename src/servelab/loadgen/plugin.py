@@ -9,7 +9,7 @@ import logging
 import gevent
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.loadgen import collector as coll
 from servelab.loadgen import worker as workers
 from servelab.loadgen.options import Settings, add_arguments, settings_from

@@ -16,9 +16,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.orchestration import compose
-from servelab.paths import project_root
+from servelab.core.paths import project_root
 from servelab.specs.variants import Variant
 
 BACKENDS = ("sim", "predict", "local", "compose", "external")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from servelab.paths import project_root
+from servelab.core.paths import project_root
 from servelab.specs.variants import Variant, load_all
 
 VLLM_IMAGE = "${VLLM_IMAGE:-vllm/vllm-openai:v0.28.0}"

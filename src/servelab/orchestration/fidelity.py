@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.errors import ServelabError
-from servelab.paths import project_root
+from servelab.core.errors import ServelabError
+from servelab.core.paths import project_root
 
 DEFAULT_PROMPTS = "fidelity/prompts.jsonl"
 PROMPT_KEYS = {"id", "category", "prompt", "max_tokens"}

@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 
 QUERY_FIELDS = ("index", "name", "compute_cap", "memory.total", "memory.used")
 QUERY_COMMAND = ["nvidia-smi", f"--query-gpu={','.join(QUERY_FIELDS)}", "--format=csv"]

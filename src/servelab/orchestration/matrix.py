@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.orchestration import backends, fidelity
 from servelab.orchestration import preflight as pf
 from servelab.orchestration import verify as vf

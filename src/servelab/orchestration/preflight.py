@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from itertools import islice
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.orchestration.gpus import Gpu, all_nvlink
 from servelab.specs.hardware import HardwareSpec, hardware_for_gpu_name, load_hardware
 from servelab.specs.variants import Variant

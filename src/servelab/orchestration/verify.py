@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.orchestration.gpus import Gpu
 from servelab.orchestration.serverlog import ServerFacts, parse_log, parse_metrics
 from servelab.specs.variants import Variant

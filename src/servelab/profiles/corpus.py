@@ -15,7 +15,7 @@ import functools
 import re
 from dataclasses import dataclass
 
-from servelab.paths import DATA_DIR
+from servelab.core.paths import DATA_DIR
 
 SLOT_CHARS = 1500
 SOURCES = {"kjv": "kjv_excerpts.txt", "modern": "modern_prose.txt", "code": "modern_prose.txt"}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 
-from servelab.errors import ServelabError
-from servelab.profiles import yamlmap
+from servelab.core.errors import ServelabError
+from servelab.core import yamlsource
 from servelab.profiles.schema import PLAN_KINDS, Profile
 
 _HINTS = {
@@ -82,8 +82,8 @@ def load_profile(path) -> Profile:
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError([Problem(shown, 1, "", f"cannot read the file ({exc})", "")]) from None
     try:
-        doc = yamlmap.parse(text)
-    except yamlmap.YamlSyntaxError as exc:
+        doc = yamlsource.parse(text)
+    except yamlsource.YamlSyntaxError as exc:
         raise ProfileError([Problem(shown, exc.line, "", f"YAML syntax error: {exc}", "",
                                     column=exc.column)]) from None
     if not isinstance(doc.data, dict):
@@ -97,7 +97,7 @@ def load_profile(path) -> Profile:
         profile = Profile.model_validate(doc.data, context={"base_dir": path.parent})
     except ValidationError as exc:
         problems += [_translate(err, doc, shown) for err in exc.errors()]
-    problems += [Problem(shown, yamlmap.line_of(doc, p), format_path(p), found, allowed)
+    problems += [Problem(shown, yamlsource.line_of(doc, p), format_path(p), found, allowed)
                  for p, found, allowed in _profile_rules(doc.data)]
     if problems:
         unique = sorted(set(problems), key=lambda p: (p.line, p.path, p.found))
@@ -155,7 +155,7 @@ def _profile_rules(data: dict) -> list[tuple[tuple, str, str]]:
     return out
 
 
-def _translate(err: dict, doc: yamlmap.YamlDoc, shown: str) -> Problem:
+def _translate(err: dict, doc: yamlsource.YamlDoc, shown: str) -> Problem:
     loc = tuple(err["loc"])
     kind = err["type"]
     ctx = err.get("ctx") or {}
@@ -199,7 +199,7 @@ def _translate(err: dict, doc: yamlmap.YamlDoc, shown: str) -> Problem:
         found, allowed = _show(err.get("input")), str(ctx.get("error", err["msg"]))
     else:
         found, allowed = _show(err.get("input")), err["msg"]
-    return Problem(shown, yamlmap.line_of(doc, path), format_path(path), found, allowed)
+    return Problem(shown, yamlsource.line_of(doc, path), format_path(path), found, allowed)
 
 
 def _data_path(data, loc: tuple) -> tuple:

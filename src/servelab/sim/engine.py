@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.sim.block_manager import BlockManager
 from servelab.sim.cost_model import BatchShape, draft_cost_model, target_cost_model
 from servelab.sim.kv_sizing import KVPlan, plan_kv_cache

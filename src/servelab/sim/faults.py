@@ -25,7 +25,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 
 HTTP_KINDS = ("http429", "http500", "http503")
 STREAM_KINDS = ("stall", "cut", "malformed", "error_event")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.sim.balancer import make_engines
 from servelab.sim.faults import FaultPlan, parse_faults
 from servelab.sim.metrics import EngineMetrics, MetricsExporter, SimCollector

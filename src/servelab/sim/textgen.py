@@ -26,7 +26,7 @@ import struct
 from array import array
 from statistics import NormalDist
 
-from servelab.paths import DATA_DIR
+from servelab.core.paths import DATA_DIR
 from servelab.sim.tokenizer import SimTokenizer, get_tokenizer
 
 CORPUS_FILES = ("kjv_excerpts.txt", "modern_prose.txt")

@@ -15,7 +15,7 @@ import functools
 import orjson
 from tokenizers import Tokenizer
 
-from servelab.paths import DATA_DIR
+from servelab.core.paths import DATA_DIR
 
 TOKENIZER_PATH = DATA_DIR / "tokenizer.json"
 ENDOFTEXT = "<|endoftext|>"

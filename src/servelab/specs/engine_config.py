@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.specs.hardware import GIB, HardwareSpec, load_hardware
 from servelab.specs.models import ModelSpec, load_model
 from servelab.specs.serve_args import ServeArgs, parse_serve_args

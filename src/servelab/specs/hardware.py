@@ -6,8 +6,8 @@ from pathlib import Path
 
 import yaml
 
-from servelab.errors import ServelabError
-from servelab.paths import servers_dir
+from servelab.core.errors import ServelabError
+from servelab.core.paths import servers_dir
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -9,8 +9,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.errors import ServelabError
-from servelab.paths import servers_dir
+from servelab.core.errors import ServelabError
+from servelab.core.paths import servers_dir
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "auto": 2}
 

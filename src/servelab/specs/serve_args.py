@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 
 QUANTIZATIONS = ("fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "marlin", "compressed-tensors")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")

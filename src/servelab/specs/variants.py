@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servelab.errors import ServelabError
-from servelab.paths import servers_dir
-from servelab.profiles import yamlmap
+from servelab.core.errors import ServelabError
+from servelab.core.paths import servers_dir
+from servelab.core import yamlsource
 from servelab.specs.serve_args import FLAG_ALIASES
 
 WEIGHT_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
@@ -168,8 +168,8 @@ def load_variant(name_or_path: str | os.PathLike, environ: dict | None = None) -
     environ = os.environ if environ is None else environ
     text = path.read_text(encoding="utf-8")
     try:
-        doc = yamlmap.parse(text)
-    except yamlmap.YamlSyntaxError as exc:
+        doc = yamlsource.parse(text)
+    except yamlsource.YamlSyntaxError as exc:
         raise VariantError(f"{path}:{exc.line}: not valid YAML: {exc}; fix the syntax "
                            f"(indentation, quotes around JSON in serve_args)") from None
     return _build(path, doc, environ)
@@ -212,7 +212,7 @@ def variant_flag_map(args: list[str] | tuple[str, ...]) -> dict[str, str | bool]
     return parsed
 
 
-def _build(path: Path, doc: yamlmap.YamlDoc, environ) -> Variant:
+def _build(path: Path, doc: yamlsource.YamlDoc, environ) -> Variant:
     data = doc.data
     p = _Problems(path, doc.lines)
     for dup_path, line, first in doc.duplicates:

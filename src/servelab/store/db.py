@@ -18,7 +18,7 @@ from pathlib import Path
 import duckdb
 import orjson
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 TABLES = ("runs", "run_classes", "stages", "requests", "server_metrics", "client_health",

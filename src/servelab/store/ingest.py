@@ -10,7 +10,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.errors import ServelabError
+from servelab.core.errors import ServelabError
 from servelab.store import runs as run_record
 from servelab.store.db import Store, open_db
 from servelab.store.spool import find_spools, read_spool
