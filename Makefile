@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 
-.PHONY: demo test install install-test bench clean ensure-chromium
+.PHONY: demo test test-fast install install-test bench clean ensure-chromium
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,9 +33,15 @@ ensure-chromium:
 	  echo "make: chromium not installed; the report's browser test will say so" >&2; }
 
 # pytest exits 5 when it collected nothing: that is a failure here, not a pass.
+PYTEST = $(BIN)/python -m pytest -q
+NO_TESTS_IS_FAILURE = rc=$$?; if [ $$rc -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+
 test: $(STAMP_TEST) ensure-chromium
-	@$(BIN)/python -m pytest -q $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; exit $$rc
+	@$(PYTEST) $(PYTEST_ARGS); $(NO_TESTS_IS_FAILURE)
+
+# The inner loop: everything but the long end-to-end tests (marked `slow`); under 2 minutes.
+test-fast: $(STAMP_TEST) ensure-chromium
+	@$(PYTEST) -m "not slow" $(PYTEST_ARGS); $(NO_TESTS_IS_FAILURE)
 
 bench: $(STAMP_TEST)
 	$(BIN)/python bench/sim.py

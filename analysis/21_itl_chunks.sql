@@ -7,18 +7,7 @@
 -- tokens, so a chunk gap is roughly (acceptance length) x the per-token pace: use it to see the
 -- stream's burstiness, not its pace.
 CREATE OR REPLACE VIEW itl_chunks AS
-SELECT
-    run_id,
-    request_id,
-    class_name,
-    stage,
-    level,
-    measured,
-    ok,
-    chunk_index,
-    arrival_unix,
-    gap_ms,
-    tokens,
-    gap_ms / tokens AS itl_ms
+-- chunk_arrivals' own rows and columns (no second unnest), gap_ms and tokens moved last
+SELECT * EXCLUDE (sent_unix, usage_tokens, tokens, gap_ms), gap_ms, tokens, gap_ms / tokens AS itl_ms
 FROM chunk_arrivals
 WHERE chunk_index >= 2;

@@ -9,17 +9,7 @@
 -- request_metrics.itl_mean_ms = sum(g_i) / sum(k_i).
 CREATE OR REPLACE VIEW itl_tokens AS
 SELECT
-    run_id,
-    request_id,
-    class_name,
-    stage,
-    level,
-    measured,
-    ok,
-    chunk_index,
-    arrival_unix,
-    gap_ms,
-    tokens,
+    * EXCLUDE (itl_ms),
     unnest(list_resize([itl_ms], tokens, itl_ms)) AS itl_ms,
     unnest(list_resize([true], tokens, false)) AS chunk_first
 FROM itl_chunks;

@@ -76,7 +76,8 @@ picked AS (
     -- statistic. Written out twice on purpose: given a shared CTE, or two identical subqueries,
     -- DuckDB 1.5 caches every sample of pass 1 for pass 2 (its common-subplan optimisation), which
     -- is the memory this view exists to avoid. The always-true `request_id IS NOT NULL` makes the
-    -- two scans differ down to the table, so nothing is cached.
+    -- two scans differ down to the table, so nothing is cached. (Still so on 1.5.6: without it,
+    -- EXPLAIN shows half the table scans and the samples read back from a shared CTE.)
     SELECT s.run_id, s.stage, unnest([s.cls, '(all)']) AS class_name, s.view, s.bin, s.v, s.w
     FROM (
         SELECT run_id, stage, cls, view, v, w, servelab_value_bin(v) AS bin

@@ -35,34 +35,34 @@ gauges AS (
 ),
 in_window AS (
     SELECT
-        s.run_id, s.stage, x.name, x.series, x.t_unix, x.delta,
+        s.run_id, s.stage, x.name, x.metric, x.series, x.t_unix, x.delta,
         row_number() OVER (PARTITION BY s.run_id, s.stage, x.name, x.series ORDER BY x.t_unix) AS nth
     FROM stages s
     JOIN server_series x
       ON x.run_id = s.run_id
      AND x.t_unix >= s.measure_start_unix
      AND x.t_unix < s.measure_end_unix
-    WHERE x.name LIKE '%\_total' ESCAPE '\'
+    WHERE x.metric LIKE '%\_total' ESCAPE '\'
 ),
 per_series AS (
-    SELECT run_id, stage, name, series,
+    SELECT run_id, stage, name, metric, series,
            sum(delta) FILTER (WHERE nth > 1) AS increase,
            max(t_unix) - min(t_unix) AS span_s,
            count(*) AS samples
     FROM in_window
-    GROUP BY run_id, stage, name, series
+    GROUP BY run_id, stage, name, metric, series
 ),
 counters AS (
     SELECT
         run_id, stage,
         max(span_s) AS span_s,
-        sum(increase) FILTER (WHERE name = 'vllm:num_preemptions_total') AS preemptions,
-        sum(increase) FILTER (WHERE name = 'vllm:generation_tokens_total') AS generation_tokens,
-        sum(increase) FILTER (WHERE name = 'vllm:prefix_cache_queries_total') AS prefix_cache_queries,
-        sum(increase) FILTER (WHERE name = 'vllm:prefix_cache_hits_total') AS prefix_cache_hits,
-        sum(increase) FILTER (WHERE name = 'vllm:spec_decode_num_drafts_total') AS spec_drafts,
-        sum(increase) FILTER (WHERE name = 'vllm:spec_decode_num_draft_tokens_total') AS spec_draft_tokens,
-        sum(increase) FILTER (WHERE name = 'vllm:spec_decode_num_accepted_tokens_total') AS spec_accepted_tokens
+        sum(increase) FILTER (WHERE metric = 'preemptions_total') AS preemptions,
+        sum(increase) FILTER (WHERE metric = 'generation_tokens_total') AS generation_tokens,
+        sum(increase) FILTER (WHERE metric = 'prefix_cache_queries_total') AS prefix_cache_queries,
+        sum(increase) FILTER (WHERE metric = 'prefix_cache_hits_total') AS prefix_cache_hits,
+        sum(increase) FILTER (WHERE metric = 'spec_drafts_total') AS spec_drafts,
+        sum(increase) FILTER (WHERE metric = 'spec_draft_tokens_total') AS spec_draft_tokens,
+        sum(increase) FILTER (WHERE metric = 'spec_accepted_tokens_total') AS spec_accepted_tokens
     FROM per_series
     WHERE samples >= 2
     GROUP BY run_id, stage
@@ -86,12 +86,12 @@ SELECT
     c.generation_tokens / nullif(c.span_s, 0) AS generation_tokens_per_s,
     c.prefix_cache_queries,
     c.prefix_cache_hits,
-    c.prefix_cache_hits / nullif(c.prefix_cache_queries, 0) AS prefix_cache_hit_rate,
+    servelab_share(c.prefix_cache_hits, c.prefix_cache_queries) AS prefix_cache_hit_rate,
     c.spec_drafts,
     c.spec_draft_tokens,
     c.spec_accepted_tokens,
-    c.spec_accepted_tokens / nullif(c.spec_draft_tokens, 0) AS spec_acceptance_rate,
-    1 + c.spec_accepted_tokens / nullif(c.spec_drafts, 0) AS spec_mean_acceptance_length
+    servelab_share(c.spec_accepted_tokens, c.spec_draft_tokens) AS spec_acceptance_rate,
+    servelab_acceptance_length(c.spec_accepted_tokens, c.spec_drafts) AS spec_mean_acceptance_length
 FROM stages s
 LEFT JOIN gauges g ON g.run_id = s.run_id AND g.stage = s.stage
 LEFT JOIN counters c ON c.run_id = s.run_id AND c.stage = s.stage;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """What the load generator itself costs, measured beside a minimal raw-socket client.
 
-Both clients stream from the calibration server (``servelab.loadgen.calibration_server``): every
+Both clients stream from the calibration server (``bench/calibration_server.py``): every
 stream's first content chunk comes ``--ttft-ms`` after the request, then one chunk every
 ``--itl-ms``, whatever the load, so any extra spread is the client's (or the server's, which is
 why the reference runs against the same server at the same concurrency).
@@ -38,15 +38,16 @@ import os
 import random
 import resource
 import selectors
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from servelab.core import procs
+
 ROOT = Path(__file__).resolve().parents[1]
+CALIBRATION_SERVER = Path(__file__).resolve().with_name("calibration_server.py")
 CONTENT = b'"content":" tok'
 
 
@@ -216,17 +217,13 @@ def _q(values, q):
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-def start_server(tmp: Path, args) -> tuple[subprocess.Popen, str]:
+def start_server(tmp: Path, args) -> tuple[procs.Child, str]:
     ready = tmp / "calib.ready"
-    proc = subprocess.Popen([sys.executable, "-m", "servelab.loadgen.calibration_server",
-                             "--port", "0", "--ready-file", str(ready), "--ttft-ms",
-                             str(args.ttft_ms), "--itl-ms", str(args.itl_ms), "--record"],
-                            start_new_session=True)
-    while not (ready.exists() and ready.read_text().strip()):
-        if proc.poll() is not None:
-            raise SystemExit("the calibration server did not start")
-        time.sleep(0.05)
-    return proc, ready.read_text().strip()
+    child = procs.spawn("the calibration server", [
+        sys.executable, str(CALIBRATION_SERVER), "--port", "0", "--ready-file", str(ready),
+        "--ttft-ms", str(args.ttft_ms), "--itl-ms", str(args.itl_ms), "--record"],
+        tmp / "calib.log", ready_file=ready)
+    return child, child.wait_ready(60)
 
 
 def run_servelab(tmp: Path, url: str, levels: list[int], tokens: str, args, name: str) -> Path:
@@ -239,22 +236,23 @@ def run_servelab(tmp: Path, url: str, levels: list[int], tokens: str, args, name
         f"    output_tokens: {lengths}\nload:\n  concurrency: {{levels: "
         f"[{', '.join(map(str, levels))}], warmup: {args.warmup}s, hold: {args.hold}s}}\n")
     db = tmp / f"{name}.duckdb"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = procs.free_port()
     base = [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py")]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    master = subprocess.Popen(base + [
+    master = procs.spawn("the Locust master", base + [
         "--headless", "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port",
         str(port), "--expect-workers", "1", "--host", url, "--profile", str(profile), "--db",
         str(db), "--spool-dir", str(tmp / "spool"), "--exit-code-on-error", "0",
-        "--only-summary"], stdout=open(tmp / f"{name}-master.log", "wb"),
-        stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    worker = subprocess.Popen(base + ["--worker", "--master-host", "127.0.0.1", "--master-port",
-                                      str(port)], stdout=open(tmp / f"{name}-worker.log", "wb"),
-                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    master.wait()
-    worker.wait(timeout=30)
+        "--only-summary"], tmp / f"{name}-master.log", env=env)
+    worker = procs.spawn("the Locust worker", base + [
+        "--worker", "--master-host", "127.0.0.1", "--master-port", str(port)],
+        tmp / f"{name}-worker.log", env=env)
+    try:
+        master.wait()
+        worker.wait(timeout=30)
+    finally:
+        worker.stop()
+        master.stop()
     return db
 
 
@@ -323,14 +321,19 @@ def servelab_rows(db: Path, records: dict) -> dict[int, dict]:
         con.close()
 
 
-def run_client(kind: str, url: str, groups: list[int], tokens: str, args) -> dict:
+def run_client(kind: str, url: str, groups: list[int], tokens: str, args, tmp: Path) -> dict:
     """One level of a minimal client (``reference`` or ``gevent``) in its own process."""
     server_records(url)  # start clean
-    res = subprocess.run([sys.executable, __file__, "--client", kind, "--url", url, "--groups",
-                          ",".join(map(str, groups)), "--warmup", str(args.warmup), "--hold",
-                          str(args.hold), "--lengths", tokens],
-                         capture_output=True, text=True, check=True)
-    r = json.loads(res.stdout)
+    out = tmp / f"client-{kind}.out"
+    child = procs.spawn(f"the {kind} client", [
+        sys.executable, __file__, "--client", kind, "--url", url, "--groups",
+        ",".join(map(str, groups)), "--warmup", str(args.warmup), "--hold", str(args.hold),
+        "--lengths", tokens], out)
+    code = child.wait()
+    child.stop()
+    if code != 0:
+        raise SystemExit(f"the {kind} client failed (exit {code}):\n{procs.log_tail(out)}")
+    r = json.loads(out.read_text().strip().splitlines()[-1])
     records = server_records(url)
     ttfts = sorted(1000 * (first - sent) for sent, first in r["firsts"].values())
     added = added_ttft([(rid, 1000 * (f - s)) for rid, (s, f) in r["firsts"].items()], records)
@@ -345,9 +348,9 @@ def run_workload(tmp: Path, url: str, levels: list[int], tokens: str, args, name
     load_before = os.getloadavg()[0]
     ref, floor = {}, {}
     for i, c in enumerate(levels):
-        ref[c] = run_client("reference", url, spawn_groups(levels, i), tokens, args)
+        ref[c] = run_client("reference", url, spawn_groups(levels, i), tokens, args, tmp)
         if args.floor:
-            floor[c] = run_client("gevent", url, spawn_groups(levels, i), tokens, args)
+            floor[c] = run_client("gevent", url, spawn_groups(levels, i), tokens, args, tmp)
     server_records(url)
     db = run_servelab(tmp, url, levels, tokens, args, name)
     ours = servelab_rows(db, server_records(url))
@@ -451,8 +454,7 @@ def main() -> int:
                 tag = f", run {rep + 1} of {args.repeat}" if args.repeat > 1 else ""
                 summary.append((w, rep + 1, print_workload(levels, workloads[w], res, tag)))
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=10)
+        server.stop(10)
 
     def rng(values):
         values = [v for v in values if v is not None]

@@ -8,8 +8,8 @@
    ``servelab:sim_step_lag_seconds`` histogram, so "<=" a bucket bound), the share of steps later
    than 1 ms, and CPU use of both processes. The headline is the highest chunk rate whose p99 lag
    is at most 1 ms.
-2. Virtual time: the same engine under ``servelab.sim.virtual`` (no sleeping, no sockets):
-   simulated requests per CPU second and simulated seconds per CPU second.
+2. Virtual time: the same engine under ``servelab.sim.engine.virtual_users`` (no sleeping,
+   no sockets): simulated requests per CPU second and simulated seconds per CPU second.
 
 Usage: python bench/sim.py [--levels 16,32,64,128,256] [--seconds 4] [--skip-realtime]
 """
@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import multiprocessing as mp
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -151,6 +150,9 @@ def measure_level(host, port, concurrency, warmup_s, seconds, max_tokens):
 
 
 def start_server(extra):
+    from servelab.core.procs import spawn
+    from servelab.core.timeouts import SIM_READY_S
+
     folder = tempfile.mkdtemp(prefix="servelab-bench-")
     ready = os.path.join(folder, "ready")
     cmd = [sys.executable, "-m", "servelab.commands.sim", "--hardware", "H100", "--model",
@@ -158,43 +160,29 @@ def start_server(extra):
            "4096", "--port", "0", "--ready-file", ready, "--log-stats-interval", "0", *extra]
     # The server's output goes to a file, never to an undrained pipe: a full pipe would block
     # the server's event loop on its next write.
-    log_path = os.path.join(folder, "server.log")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    proc.log_path = log_path
-    deadline = time.time() + 60
-    while not os.path.exists(ready):
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            raise SystemExit(f"server did not start; {log_path} ends:\n{_tail(log_path)}")
-        time.sleep(0.05)
-    url = open(ready).read().strip()
+    child = spawn("the simulator", cmd, os.path.join(folder, "server.log"), ready_file=ready)
+    try:
+        url = child.wait_ready(SIM_READY_S)
+    except Exception as exc:
+        raise SystemExit(str(exc)) from None
     host, port = url.split("//")[1].rsplit(":", 1)
-    return proc, host, int(port)
-
-
-def _tail(path, lines=20):
-    with open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
+    return child, host, int(port)
 
 
 def realtime(levels, seconds, max_tokens, extra):
-    proc, host, port = start_server(extra)
+    from servelab.core.procs import log_tail
+
+    child, host, port = start_server(extra)
     rows = []
     try:
         for c in levels:
             rows.append(measure_level(host, port, c, 1.0, seconds, max_tokens))
     except Exception:
-        print(f"the run failed; the server's log ({proc.log_path}) ends:\n{_tail(proc.log_path)}",
-              file=sys.stderr)
+        print(f"the run failed; the server's log ({child.log_path}) ends:\n"
+              f"{log_tail(child.log_path, 20)}", file=sys.stderr)
         raise
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        child.stop()
     print("\nReal time: one simulator process; streamed chunks received by a separate load "
           "process")
     print(f"{'streams':>8} {'chunks/s':>10} {'tokens/s':>10} {'steps/s':>8} {'lag p50':>9} "
@@ -221,8 +209,9 @@ def realtime(levels, seconds, max_tokens, extra):
 
 
 def virtual(n_requests=2000):
-    from servelab.sim import build_engine_config, make_engines
-    from servelab.sim.virtual import VirtualRequest, run_closed_loop
+    from servelab.sim.engine import build_engine_config, make_engines
+    from servelab.sim.engine.virtual import VirtualRequest
+    from servelab.sim.engine.virtual_users import run_closed_loop
 
     print("\nVirtual time: the same engine without sleeping or sockets")
     print(f"{'setup':>34} {'users':>6} {'requests':>9} {'sim s':>8} {'CPU s':>7} "

@@ -45,3 +45,16 @@ def test_a_malformed_run_id_is_refused(tmp_path, capsys):
                    "--db", str(tmp_path / "r.duckdb"), "--run-id", "a/b"])
     assert status == 2
     assert "letters, digits" in capsys.readouterr().err
+
+
+def test_matrix_run_args_become_runner_fields():
+    from servelab.commands.run import run_arg_fields
+    from servelab.core.errors import ServelabError
+    from servelab.core.timeouts import REQUEST
+
+    fields = run_arg_fields(["--workers=2", "--tag", "gpu=l40s", "--timeout-total=5"])
+    assert fields == {"workers": 2, "tags": {"gpu": "l40s"},
+                      "timeouts": type(REQUEST)(total=5.0)}
+    assert run_arg_fields([]) == {}  # nothing given: the matrix's own choices stand
+    with pytest.raises(ServelabError, match="--run-arg --no-such-flag"):
+        run_arg_fields(["--no-such-flag"])

@@ -6,7 +6,7 @@ import importlib
 import sys
 
 from servelab import __version__
-from servelab.core.errors import ServelabError
+from servelab.commands import call
 
 # Order is the order shown by --help.
 COMMAND_MODULES = [
@@ -42,13 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("unrecognized arguments: " + " ".join(extra))
     if getattr(args, "accepts_extra", False):
         args.extra = extra
-    try:
-        return int(args.func(args) or 0)
-    except ServelabError as exc:
-        print(f"servelab {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return call(args)
 
 
 if __name__ == "__main__":

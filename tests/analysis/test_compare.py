@@ -7,7 +7,9 @@ import pytest
 
 from analysis_rows import create_db, insert, merge
 from analysis_synthetic import Variant, synthetic_run
-from servelab.analysis.compare import METRICS, compare_groups, groups_for_runs, groups_for_variants
+from servelab.analysis.bootstrap import Estimator, load_stage
+from servelab.analysis.catalogue import COMPARED
+from servelab.analysis.compare import compare_groups, groups_for_runs, groups_for_variants
 from servelab.analysis.stats import quantile_cont, weighted_quantiles
 from servelab.analysis.views import install_views
 
@@ -40,8 +42,11 @@ def test_point_estimates_equal_stage_summary(synthetic_db):
     for stage in result.stages:
         for label, run_id in (("gptq_int4", "syn-gptq"), ("eagle", "syn-eagle")):
             row = summary[(run_id, stage.stage)]
+            # the bootstrap's own estimator, all weights 1, agrees with the view it resamples
+            pooled = Estimator(load_stage(con, [run_id], stage.stage, "(all)")).point()
             for m in stage.metrics:
                 assert m.values[label] == pytest.approx(row[m.metric], rel=1e-9), (stage.stage, label, m.metric)
+                assert pooled[m.metric] == pytest.approx(row[m.metric], rel=1e-9), (stage.stage, label, m.metric)
     con.close()
 
 
@@ -111,7 +116,7 @@ def test_same_configuration_differs_only_by_noise(tmp_path):
     flags = {m.metric: m.within_noise["other"] for m in result.stages[0].metrics}
     judged = [flags[k] for k in ("ttft_p50_ms", "itl_p50_ms", "tpot_p50_ms", "e2e_p99_ms")]
     assert sum(judged) >= 3, flags  # same machine, different seeds: (nearly) all inside the noise
-    assert [m for m, _, _ in METRICS] == [m.metric for m in result.stages[0].metrics]
+    assert [m.name for m in COMPARED] == [m.metric for m in result.stages[0].metrics]
 
 
 def test_compare_view_baseline_and_noise(synthetic_db):

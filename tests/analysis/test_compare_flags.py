@@ -51,6 +51,7 @@ def test_compare_marks_the_mismatched_group(cli, verified_db, capsys):
     assert "fp8 [" not in out and "fp8: runs syn-fp8-a\n" in out  # the verified run is unmarked
 
 
+@pytest.mark.slow  # draws a whole report (~4 s)
 def test_report_comparison_marks_the_mismatched_group(verified_db, tmp_path):
     from servelab.analysis.db import open_for_reading
     from servelab.analysis.report import build_report

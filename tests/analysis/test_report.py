@@ -5,6 +5,8 @@ import re
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the figures take ~4 s to draw, Chromium ~2 s to load them
+
 @pytest.fixture(scope="module")
 def report_dir(synthetic_db, tmp_path_factory):
     from servelab import cli as cli_module

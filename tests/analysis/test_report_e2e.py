@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.slow  # a real simulator run, about 15 s
 
 
 def servelab(*args: str, timeout: float) -> subprocess.CompletedProcess:

@@ -4,6 +4,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -14,9 +15,10 @@ from servelab.analysis.db import open_for_reading, resolve_run
 from servelab.analysis.views import install_views, stale_views, view_files, view_names
 from servelab.core.errors import ServelabError
 from servelab.core.paths import analysis_dir
+from servelab.core.procs import spawn
 
 EXPECTED_VIEWS = {"request_metrics", "chunk_arrivals", "itl_chunks", "itl_tokens", "itl_stage_quantiles", "stage_summary",
-                  "client_timeline", "server_series", "server_timeline", "server_stage_summary", "run_overview",
+                  "client_timeline", "server_metric_names", "server_series", "server_timeline", "server_stage_summary", "run_overview",
                   "compare", "slo_frontier", "fidelity_summary"}
 
 
@@ -93,41 +95,41 @@ def test_reader_installs_missing_views(tmp_path):
 
 HOLDER = textwrap.dedent("""
     import sys, time, duckdb
+    from servelab.core.procs import write_ready_file
     con = duckdb.connect(sys.argv[1], read_only=sys.argv[2] == "ro")
-    print("ready", flush=True)
-    sys.stdin.read()
+    write_ready_file(sys.argv[3], "holding")
+    time.sleep(3600)
 """)
 
 
+@contextmanager
 def _hold(path, mode):
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), mode], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"
-    return proc
+    """Another process holding the file (read-write or read-only) until the block ends."""
+    ready = path.with_suffix(f".{mode}.ready")
+    child = spawn(f"holder-{mode}", [sys.executable, "-c", HOLDER, str(path), mode, str(ready)],
+                  path.with_suffix(f".{mode}.log"), ready_file=ready)
+    try:
+        child.wait_ready(30)
+        yield
+    finally:
+        child.stop()
 
 
 def test_locked_database_gives_a_clear_error(tmp_path):
     path = tmp_path / "db.duckdb"
     _db_without_views(path)
-    proc = _hold(path, "rw")
-    try:
-        with pytest.raises(ServelabError, match="locked by another process"):
-            open_for_reading(path)
-    finally:
-        proc.communicate("")
+    with _hold(path, "rw"), pytest.raises(ServelabError, match="locked by another process"):
+        open_for_reading(path)
 
 
 def test_reader_uses_temporary_views_when_another_reader_holds_the_file(tmp_path, capsys):
     path = tmp_path / "db.duckdb"
     _db_without_views(path)
-    proc = _hold(path, "ro")
-    try:
+    with _hold(path, "ro"):
         con = open_for_reading(path)
         assert con.execute("SELECT requests FROM stage_summary WHERE stage = 0 AND class_name = 'chat'").fetchone()[0] == 8
         assert "temporary copies" in capsys.readouterr().err
         con.close()
-    finally:
-        proc.communicate("")
 
 
 def test_missing_database_and_foreign_file(tmp_path):
@@ -146,3 +148,28 @@ def test_resolve_run(known_con):
         resolve_run(known_con, "k")
     with pytest.raises(ServelabError, match="no run 'zz'"):
         resolve_run(known_con, "zz")
+
+
+def test_another_server_kind_needs_only_its_names(tmp_path):
+    """The server views read canonical names through server_metric_names: rows for a second kind
+    (names made up here) give the same figures as vLLM's names do, with no other SQL changed."""
+    folder = tmp_path / "analysis"
+    shutil.copytree(analysis_dir(), folder)
+    names = folder / "38_server_metric_names.sql"
+    names.write_text(names.read_text().replace(
+        ") AS t(kind, canonical, exposed);",
+        ",\n    ('other', 'running', 'other:running_reqs'),\n    ('other', 'kv_usage', 'other:kv_use')\n"
+        ") AS t(kind, canonical, exposed);"))
+    con = create_db(tmp_path / "db.duckdb")
+    data = k1_rows()
+    data["server_metrics"] = [
+        dict(run_id="k1-closed", t_unix=data["stages"][0]["started_unix"] + i + 0.5, name=name,
+             labels={"engine": "0"}, value=value)
+        for i in range(3)
+        for name, value in ((("vllm:num_requests_running", "other:running_reqs")[i % 2], 2.0 + i),
+                            (("vllm:kv_cache_usage_perc", "other_kv_use")[i % 2], 0.1 * i))]
+    insert(con, data)
+    install_views(con, folder)
+    got = con.execute("SELECT running, kv_cache_usage FROM server_timeline ORDER BY t_unix").fetchall()
+    assert got == [(2.0, 0.0), (3.0, pytest.approx(0.1)), (4.0, pytest.approx(0.2))]
+    assert con.execute("SELECT DISTINCT kind FROM server_metric_names ORDER BY kind").fetchall() == [("other",), ("vllm",)]

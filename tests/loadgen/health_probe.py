@@ -8,16 +8,17 @@ from gevent import monkey
 
 monkey.patch_all()
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 
 import gevent  # noqa: E402
 
-from servelab.loadgen.health import HealthMonitor  # noqa: E402
+from servelab.loadgen.worker.health import HealthMonitor  # noqa: E402
 
 
 class Rows:
-    def record_health(self, row: dict) -> None:
+    def record_health(self, row) -> None:
         pass
 
 
@@ -34,11 +35,11 @@ def main() -> None:
     gevent.sleep(0.3)
     monitor.reset()
     gevent.sleep(1.5)
-    print(json.dumps({"phase": "idle", **monitor.sample()}), flush=True)
+    print(json.dumps({"phase": "idle", **dataclasses.asdict(monitor.sample())}), flush=True)
     stop = []
     g = gevent.spawn(hog, stop)
     gevent.sleep(1.5)
-    print(json.dumps({"phase": "busy", **monitor.sample()}), flush=True)
+    print(json.dumps({"phase": "busy", **dataclasses.asdict(monitor.sample())}), flush=True)
     stop.append(True)
     g.join()
     monitor.stop()

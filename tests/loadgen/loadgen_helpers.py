@@ -3,19 +3,21 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
+import tempfile
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
 
+from servelab.core import procs
+
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]
 PROFILES = HERE / "profiles"
+CALIBRATION_SERVER = ROOT / "bench" / "calibration_server.py"
 # The simulator's fast set-up (0.5B model on an H100): short steps keep runs short.
 SIM_ARGS = ["--hardware", "H100", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--max-model-len",
             "4096"]
@@ -28,25 +30,12 @@ def _env() -> dict:
 @contextmanager
 def server(cmd: list[str], tmp: Path, name: str):
     ready = tmp / f"{name}.ready"
-    log = open(tmp / f"{name}.log", "wb")
-    proc = subprocess.Popen(cmd + ["--ready-file", str(ready)], stdout=log,
-                            stderr=subprocess.STDOUT, env=_env(), start_new_session=True)
+    child = procs.spawn(name, cmd + ["--ready-file", str(ready)], tmp / f"{name}.log",
+                        env=_env(), ready_file=ready)
     try:
-        deadline = time.monotonic() + 60
-        while not (ready.exists() and ready.read_text().strip()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start: "
-                                   + (tmp / f"{name}.log").read_text()[-2000:])
-            time.sleep(0.05)
-        yield ready.read_text().strip()
+        yield child.wait_ready(60)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        child.stop(10)
 
 
 def sim(tmp: Path, *extra: str):
@@ -55,8 +44,17 @@ def sim(tmp: Path, *extra: str):
 
 
 def calibration(tmp: Path, *extra: str, name: str = "calib"):
-    return server([sys.executable, "-m", "servelab.loadgen.calibration_server", "--port", "0",
-                   *extra], tmp, name)
+    return server([sys.executable, str(CALIBRATION_SERVER), "--port", "0", *extra], tmp, name)
+
+
+def fault_chunk(spec: str, request_id: str, output_tokens: int) -> int:
+    """Where the calibration server strikes a request's own fault spec (X-Servelab-Faults)."""
+    sys.path.insert(0, str(CALIBRATION_SERVER.parent))
+    try:
+        from calibration_server import fault_chunk as where
+    finally:
+        sys.path.remove(str(CALIBRATION_SERVER.parent))
+    return where(spec, request_id, output_tokens)
 
 
 def servelab(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -64,10 +62,9 @@ def servelab(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, env=_env(), cwd=ROOT)
 
 
-def start_servelab(*args: str, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "servelab.cli", *args],
-                            stdout=open(log, "w"), stderr=subprocess.STDOUT, env=_env(),
-                            cwd=ROOT, start_new_session=True)
+def start_servelab(*args: str, log: Path) -> procs.Child:
+    return procs.spawn("servelab", [sys.executable, "-m", "servelab.cli", *args], log,
+                       env=_env(), cwd=ROOT)
 
 
 def query(db: Path, sql: str, params=None) -> list[tuple]:
@@ -101,7 +98,22 @@ def sim_requests(url: str) -> list[dict]:
 
 def probe(cases: list[dict], timeout: float = 60) -> list[dict]:
     """Run request cases through servelab's client in a gevent subprocess."""
-    res = subprocess.run([sys.executable, str(HERE / "client_probe.py"), json.dumps(cases)],
-                         capture_output=True, text=True, timeout=timeout, env=_env())
-    assert res.returncode == 0, res.stderr[-3000:]
-    return [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
+    return json_lines(run_script(HERE / "client_probe.py", json.dumps(cases), timeout=timeout))
+
+
+def run_script(script: Path, *args: str, timeout: float = 60) -> str:
+    """Run a gevent helper script to its end; its output (stdout and stderr)."""
+    with tempfile.TemporaryDirectory(prefix="servelab-probe-") as tmp:
+        out = Path(tmp) / "out.log"
+        child = procs.spawn(script.stem, [sys.executable, str(script), *args], out, env=_env())
+        try:
+            code = child.wait(timeout)
+        finally:
+            child.stop(5)
+        text = out.read_text()
+    assert code == 0, text[-3000:]
+    return text
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]

@@ -1,46 +1,43 @@
 """servelab's request path against a real SSE server: timings, tokens, and every error kind.
 
-The calibration server streams with fixed delays and injects one deterministic fault per request
-(X-Calib-Fault header); the client runs in a gevent subprocess exactly as inside Locust.
+The calibration server streams with fixed delays and injects each request's own fault, given in
+the simulator's fault grammar (X-Servelab-Faults header) and struck where the simulator would
+(``fault_chunk``); the client runs in a gevent subprocess exactly as inside Locust.
 """
-import socket
 import urllib.request
 
-from loadgen_helpers import calibration, probe
+from loadgen_helpers import calibration, fault_chunk, probe
+from servelab.core.procs import free_port
 
 TTFT_MS, ITL_MS = 20.0, 5.0
-
-
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def test_outcomes_and_error_kinds(tmp_path):
     with calibration(tmp_path, "--ttft-ms", str(TTFT_MS), "--itl-ms", str(ITL_MS)) as url, \
             calibration(tmp_path, "--ttft-ms", "5", "--itl-ms", "2", "--reject-continuous",
-                        name="old") as old_url:
+                        name="old") as old_url, \
+            calibration(tmp_path, "--ttft-ms", "900", name="slow") as slow_url:
         fast = {"between_chunks_s": 0.25, "first_token_s": 0.4, "total_s": 5.0}
         cases = [
             {"name": "ok_chat", "url": url, "max_tokens": 8},
             {"name": "ok_completions", "url": url, "max_tokens": 6, "chat": False},
-            {"name": "http500", "url": url, "fault": "http500"},
-            {"name": "http429", "url": url, "fault": "http429"},
-            {"name": "stall", "url": url, "fault": "stall:700@3", "timeouts": fast},
-            {"name": "slow_first", "url": url, "fault": "stall:900@0", "timeouts": fast},
+            {"name": "http500", "url": url, "fault": "http500=1"},
+            {"name": "http429", "url": url, "fault": "http429=1"},
+            {"name": "stall", "url": url, "fault": "stall=1:700ms", "timeouts": fast},
+            {"name": "slow_first", "url": slow_url, "timeouts": fast},
             {"name": "total", "url": url, "max_tokens": 400,
              "timeouts": {"total_s": 0.3}},
-            {"name": "cut", "url": url, "fault": "cut@4"},
-            {"name": "malformed", "url": url, "fault": "malformed@2"},
-            {"name": "badsse", "url": url, "fault": "badsse@2"},
-            {"name": "error_event", "url": url, "fault": "error@3"},
-            {"name": "nodone", "url": url, "fault": "nodone"},
-            {"name": "refused", "url": f"http://127.0.0.1:{_closed_port()}"},
+            {"name": "cut", "url": url, "fault": "cut=1"},
+            {"name": "malformed", "url": url, "fault": "malformed=1"},
+            {"name": "badsse", "url": "badsse"},
+            {"name": "error_event", "url": url, "fault": "error_event=1"},
+            {"name": "nodone", "url": "nodone"},
+            {"name": "refused", "url": f"http://127.0.0.1:{free_port()}"},
             {"name": "old_server", "url": old_url, "max_tokens": 5, "repeat": 3},
         ]
+        # the content chunk a fault strikes on: drawn from the request id (probe-0, 8 tokens),
+        # the same for every kind given alone at rate 1
+        at = fault_chunk("cut=1", "probe-0", 8)
         results = probe(cases)
         by = {}
         for r in results:
@@ -70,26 +67,27 @@ def test_outcomes_and_error_kinds(tmp_path):
 
         err = by["http500"][0]
         assert err["error_kind"] == "http_500" and err["http_status"] == 500
-        assert "injected http500" in err["error_text"]
+        assert "(injected fault)" in err["error_text"]
         assert err["locust_events"][0]["failed"] is True
         assert by["http429"][0]["error_kind"] == "http_429"
 
-        stall = by["stall"][0]
+        stall = by["stall"][0]   # the chunks before the pause arrived, then the timeout
         assert stall["error_kind"] == "timeout_between_chunks"
-        assert len(stall["chunk_offsets_ms"]) == 3
+        assert len(stall["chunk_offsets_ms"]) == at
         assert by["slow_first"][0]["error_kind"] == "timeout_first_token"
         assert by["slow_first"][0]["chunk_offsets_ms"] == []
         assert by["total"][0]["error_kind"] == "timeout_total"
 
-        cut = by["cut"][0]
-        assert cut["error_kind"] == "stream_cut" and len(cut["chunk_offsets_ms"]) == 4
+        cut = by["cut"][0]   # the chunk it strikes on is the last one sent
+        assert cut["error_kind"] == "stream_cut"
+        assert len(cut["chunk_offsets_ms"]) == at + 1
         mal = by["malformed"][0]
         assert mal["error_kind"] == "malformed_json"
         assert len(mal["chunk_offsets_ms"]) == 8  # the rest of the stream is still timed
         assert by["badsse"][0]["error_kind"] == "malformed_sse"
-        ev = by["error_event"][0]
-        assert ev["error_kind"] == "error_event" and "injected failure" in ev["error_text"]
-        assert len(ev["chunk_offsets_ms"]) == 3
+        ev = by["error_event"][0]   # the error frame takes the place of that chunk
+        assert ev["error_kind"] == "error_event" and "Injected fault" in ev["error_text"]
+        assert len(ev["chunk_offsets_ms"]) == at
         assert by["nodone"][0]["error_kind"] == "stream_cut"
         ref = by["refused"][0]
         assert ref["error_kind"] == "connect_refused" and ref["http_status"] is None
@@ -114,13 +112,14 @@ def test_streams_read_together_and_after_failures(tmp_path):
         fast = {"between_chunks_s": 0.2, "first_token_s": 1.0, "total_s": 5.0}
         results = probe([
             {"name": "many", "url": url, "max_tokens": 20, "parallel": 48, "repeat": 2},
-            {"name": "stall_then_ok", "url": url, "max_tokens": 6, "fault": "stall:600@2",
+            {"name": "stall_then_ok", "url": url, "max_tokens": 6, "fault": "stall=1:600ms",
              "fault_first": True, "repeat": 2, "timeouts": fast},
-            {"name": "cut_then_ok", "url": url, "max_tokens": 6, "fault": "cut@3",
+            {"name": "cut_then_ok", "url": url, "max_tokens": 6, "fault": "cut=1",
              "fault_first": True, "repeat": 2},
-            {"name": "malformed_then_ok", "url": url, "max_tokens": 6, "fault": "malformed@1",
+            {"name": "malformed_then_ok", "url": url, "max_tokens": 6, "fault": "malformed=1",
              "fault_first": True, "repeat": 2},
         ])
+    at = fault_chunk("cut=1", "probe-0", 6)   # every kind strikes there for this request id
     by = {}
     for r in results:
         by.setdefault(r.get("name"), []).append(r)
@@ -133,8 +132,8 @@ def test_streams_read_together_and_after_failures(tmp_path):
             sorted(r["chunk_offsets_ms"])
         assert 9.0 <= r["ttft_ms"] < 500   # the server's timers (uvloop) are per millisecond
         assert len(r["locust_events"]) == 1 and r["locust_events"][0]["response_length"] == 20
-    for name, kind, chunks in (("stall_then_ok", "timeout_between_chunks", 2),
-                               ("cut_then_ok", "stream_cut", 3),
+    for name, kind, chunks in (("stall_then_ok", "timeout_between_chunks", at),
+                               ("cut_then_ok", "stream_cut", at + 1),
                                ("malformed_then_ok", "malformed_json", 6)):
         first, second = by[name]
         assert first["error_kind"] == kind and len(first["chunk_offsets_ms"]) == chunks, first

@@ -2,7 +2,11 @@
 the simulator's own per-request accounting."""
 import statistics
 
+import pytest
+
 from loadgen_helpers import ROOT, dicts, query, servelab, sim, sim_requests
+
+pytestmark = pytest.mark.slow  # each runs Locust against a real server
 
 
 def test_two_workers_against_the_simulator(tmp_path):

@@ -7,9 +7,11 @@ import socket
 import time
 
 import duckdb
+import pytest
 
 from loadgen_helpers import (PROFILES, ROOT, calibration, dicts, query, servelab, sim,
                              start_servelab)
+from servelab.core.procs import free_port
 from servelab.store.spool import read_spool
 
 
@@ -23,6 +25,7 @@ def _wait_for(pred, timeout, what):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_run_is_accounted_exactly(tmp_path):
     db = tmp_path / "res" / "t.duckdb"
     spool_root = tmp_path / "spool"
@@ -72,6 +75,7 @@ def test_worker_killed_mid_run_is_accounted_exactly(tmp_path):
     assert seqs == spool.seqs
 
 
+@pytest.mark.slow
 def test_faulty_server_gives_classified_errors(tmp_path):
     db = tmp_path / "t.duckdb"
     # no --target: servelab starts the simulator itself (with faults) and stops it afterwards
@@ -98,6 +102,7 @@ def test_faulty_server_gives_classified_errors(tmp_path):
         assert s.connect_ex(("127.0.0.1", port)) != 0
 
 
+@pytest.mark.slow
 def test_target_without_metrics_and_sessions_in_one_process(tmp_path):
     db = tmp_path / "t.duckdb"
     with calibration(tmp_path, "--ttft-ms", "15", "--itl-ms", "3", "--no-metrics") as url:
@@ -126,9 +131,7 @@ def test_target_without_metrics_and_sessions_in_one_process(tmp_path):
 
 
 def test_runs_that_cannot_start_say_why(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     res = servelab("run", "--profile", str(ROOT / "traffic_profiles" / "smoke.yaml"), "--target",
                    f"http://127.0.0.1:{port}", "--db", str(tmp_path / "a.duckdb"))
     assert res.returncode == 2 and "not reachable" in res.stderr

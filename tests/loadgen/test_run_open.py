@@ -1,10 +1,13 @@
 """Open loop: arrivals leave on their seeded schedule whatever the server does, and an arrival
 held back by max_in_flight is recorded as late (or dropped) with its scheduled time."""
 import numpy as np
+import pytest
 
 from loadgen_helpers import PROFILES, dicts, servelab, sim
 from servelab.profiles import load_profile
 from servelab.profiles.planner import RequestPlanner
+
+pytestmark = pytest.mark.slow  # each runs Locust against a real server
 
 
 def test_schedule_is_kept_while_the_server_stalls(tmp_path):

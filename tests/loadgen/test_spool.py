@@ -5,30 +5,29 @@ import orjson
 
 from loadgen_helpers import query, servelab
 from servelab.store.db import Store, open_db
+from servelab.store.rows import HealthRow, RequestRow, RunRow, StageRow, WorkerAccount
 from servelab.store.spool import Spool, read_spool
 
 
 def _row(run_id, seq):
-    return {"run_id": run_id, "request_id": f"{run_id}-w1-{seq}", "worker": "w1",
-            "worker_seq": seq, "class_name": "chat", "stage": 0, "level": 2.0,
-            "sent_unix": 1000.0 + seq, "ttft_ms": 10.0 + seq, "e2e_ms": 50.0,
-            "chunk_offsets_ms": [10.0 + seq, 20.0 + seq], "chunk_tokens": [1, 2],
-            "output_tokens": 3, "token_source": "usage"}
+    return RequestRow(run_id=run_id, request_id=f"{run_id}-w1-{seq}", worker="w1",
+                      worker_seq=seq, class_name="chat", stage=0, level=2.0,
+                      sent_unix=1000.0 + seq, ttft_ms=10.0 + seq, e2e_ms=50.0,
+                      chunk_offsets_ms=[10.0 + seq, 20.0 + seq], chunk_tokens=[1, 2],
+                      output_tokens=3, token_source="usage")
 
 
 def test_ingest_recovers_a_spool_exactly_once(tmp_path):
     run_id = "run-spool-test"
     db = tmp_path / "t.duckdb"
     store = Store(open_db(db))
-    store.append_rows("runs", [{"run_id": run_id, "status": "completed", "flags": ["rows_lost"]}])
-    store.append_rows("stages", [{"run_id": run_id, "stage": 0, "kind": "concurrency",
-                                  "level": 2.0, "started_unix": 999.0,
-                                  "measure_start_unix": 1002.0,
-                                  "measure_end_unix": 1100.0}])
+    store.append_rows("runs", [RunRow(run_id, status="completed", flags=["rows_lost"])])
+    store.append_rows("stages", [StageRow(run_id, 0, "concurrency", 2.0, started_unix=999.0,
+                                          measure_start_unix=1002.0, measure_end_unix=1100.0)])
     # the master stored rows 0-2 before the worker died, and counted 3 of 5 produced
     store.append_rows("requests", [_row(run_id, s) for s in range(3)])
-    store.append_rows("run_workers", [{"run_id": run_id, "worker": "w1", "produced": 3,
-                                       "stored": 3, "in_flight_lost": 0, "status": "lost"}])
+    store.append_rows("run_workers", [WorkerAccount(run_id, "w1", produced=3, stored=3,
+                                                    in_flight_lost=0, status="lost")])
     store.close()
 
     spool = Spool(tmp_path / "spool", run_id, "w1")
@@ -36,8 +35,8 @@ def test_ingest_recovers_a_spool_exactly_once(tmp_path):
         spool.started(seq)          # 7 requests sent ...
     for seq in range(5):
         spool.request(orjson.dumps(_row(run_id, seq)) + b"\n")   # ... 5 finished
-    spool.health(orjson.dumps({"run_id": run_id, "worker": "w1", "t_unix": 1001.0,
-                               "cpu_percent": 12.0, "loop_lag_ms": 0.4}) + b"\n")
+    spool.health(orjson.dumps(HealthRow(run_id, "w1", 1001.0, cpu_percent=12.0,
+                                        loop_lag_ms=0.4)) + b"\n")
     spool.close()
     with open(spool.dir / "requests.ndjson", "ab") as f:
         f.write(b'{"run_id": "run-spool-test", "worker_seq": 6, "cla')   # torn by the kill

@@ -1,43 +1,32 @@
 """The locustfile under Locust's own web UI: servelab's options in the start form, the profile's
 shape started from the UI, the run recorded, and the database free again once it ended."""
 import json
-import socket
-import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 
+import pytest
+
 from loadgen_helpers import PROFILES, ROOT, _env, calibration, dicts
+from servelab.core import procs
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+pytestmark = pytest.mark.slow
 
 
 def test_web_ui_start_form_and_run(tmp_path):
     db = tmp_path / "t.duckdb"
-    port = _free_port()
+    port = procs.free_port()
     with calibration(tmp_path, "--ttft-ms", "10", "--itl-ms", "3") as url:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"),
-             "--host", url, "--profile", str(PROFILES / "sessions.yaml"), "--db", str(db),
-             "--spool-dir", str(tmp_path / "spool"), "--web-host", "127.0.0.1",
-             "--web-port", str(port)], stdout=open(tmp_path / "ui.log", "wb"),
-            stderr=subprocess.STDOUT, env=_env(), cwd=ROOT)
+        proc = procs.spawn("locust web UI", [
+            sys.executable, "-m", "locust", "-f", str(ROOT / "loadtests" / "locustfile.py"),
+            "--host", url, "--profile", str(PROFILES / "sessions.yaml"), "--db", str(db),
+            "--spool-dir", str(tmp_path / "spool"), "--web-host", "127.0.0.1",
+            "--web-port", str(port)], tmp_path / "ui.log", env=_env(), cwd=ROOT)
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    page = urllib.request.urlopen(base + "/", timeout=2).read().decode()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline and proc.poll() is None, \
-                        (tmp_path / "ui.log").read_text()[-2000:]
-                    time.sleep(0.2)
+            proc.wait_http(base + "/", 30)
+            page = urllib.request.urlopen(base + "/", timeout=2).read().decode()
             for option in ("tag", "variant", "db", "timeout_first_token", "drain_timeout"):
                 assert f'"{option}"' in page
             assert '"run_id"' not in page and '"spool_dir"' not in page  # internal options
@@ -60,5 +49,4 @@ def test_web_ui_start_form_and_run(tmp_path):
             n = dicts(db, "SELECT count(*) AS n FROM requests")[0]["n"]
             assert n == entry["num_requests"] > 0
         finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+            proc.stop(30)

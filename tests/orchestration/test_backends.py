@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from servelab.core.errors import ServelabError
+from servelab.core.procs import free_port
 from servelab.orchestration import backends
 from servelab.orchestration.verify import verify
 from servelab.specs.variants import load_variant
@@ -114,7 +115,7 @@ esac
 """)
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    port = backends._free_port()
+    port = free_port()
     monkeypatch.setenv("VLLM_PORT", str(port))
     variant = load_variant("fp8", environ={})
     server = backends.start_server("compose", variant, tmp_path)
@@ -131,3 +132,45 @@ esac
     assert "compose --profile fp8 logs --no-color --no-log-prefix vllm-fp8" in lines
     assert lines[-2:] == ["compose --profile fp8 stop vllm-fp8", "compose --profile fp8 rm -f vllm-fp8"]
     assert "Serving" in server.log_path.read_text()
+
+
+def test_another_server_kind_is_one_adapter(tmp_path, monkeypatch):
+    """A second kind (here a stand-in spelling the model as a flag, like SGLang's --model-path)
+    changes the command line, the Compose service and what start_local runs, and nothing else."""
+    import dataclasses
+
+    from servelab.orchestration import compose
+    from servelab.specs import server_kinds
+
+    kind = dataclasses.replace(server_kinds.VLLM, name="othersrv", label="Other",
+                               command=("othersrv", "launch"), image="other/image:1",
+                               image_entrypoint=(), model_positional=False,
+                               flags={**server_kinds.VLLM.flags, "model": "--model-path"})
+    monkeypatch.setitem(server_kinds.KINDS, "othersrv", kind)
+    path = tmp_path / "other.yaml"
+    path.write_text("name: other\ndescription: a second server kind\nserver: othersrv\n"
+                    "model: Qwen/Qwen2.5-7B-Instruct\nserve_args: ['--max-model-len', '4096']\n"
+                    "claims: {weights: bf16, activations: bf16, min_compute_capability: 8.0, "
+                    "speculative: null}\n")
+    variant = load_variant(path, environ={})
+    assert variant.kind is kind
+    assert compose.service_name(variant) == "othersrv-other"
+    service = compose.build_compose([variant])["services"]["othersrv-other"]
+    assert service["command"][:4] == ["othersrv", "launch", "--model-path", variant.model]
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "othersrv"
+    fake.write_text(f"""#!/bin/sh
+[ "$1" = launch ] && [ "$2" = --model-path ] || exit 64
+model="$3"; shift 3
+exec {sys.executable} -m servelab.commands.sim --model "$model" --hardware L40S "$@"
+""")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    server = backends.start_server("local", variant, tmp_path)
+    try:
+        backends.wait_healthy(server, 30)
+        assert verify(variant, log_path=server.log_path, url=server.url).status == "verified"
+    finally:
+        server.stop()

@@ -41,6 +41,7 @@ def test_token_comparison():
     assert compare_tokens([1, 2], [1, 2, 3])[:2] == (False, 2)  # one output stops early
 
 
+@pytest.mark.slow
 def test_fidelity_end_to_end_on_the_simulator(tmp_path, cli):
     db = tmp_path / "f.duckdb"
     code, out, err = cli("fidelity", "--baseline", "bf16", "--candidates", "gptq_int4,tuned",

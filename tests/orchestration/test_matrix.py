@@ -1,5 +1,6 @@
 """The whole matrix on the simulator: three variants, each a real `servelab sim` process measured
-by a real `servelab run`, verified, compared and reported, with output fidelity alongside."""
+by the real runner (Locust in its own processes), verified, compared and reported, with output
+fidelity alongside."""
 from __future__ import annotations
 
 import json
@@ -26,6 +27,7 @@ def matrix_run(tmp_path_factory):
     return code, db, out
 
 
+@pytest.mark.slow
 def test_matrix_measures_verifies_and_compares(matrix_run, capsys):
     code, db, out = matrix_run
     assert code == 0
@@ -47,6 +49,7 @@ def test_matrix_measures_verifies_and_compares(matrix_run, capsys):
     con.close()
 
 
+@pytest.mark.slow
 def test_matrix_table_and_report(matrix_run):
     _, _, out = matrix_run
     table = (out / "matrix.md").read_text()
@@ -80,7 +83,13 @@ def test_predict_backend_runs_the_matrix_in_virtual_time(tmp_path, cli):
                          "--db", tmp_path / "p.duckdb", "--out", tmp_path / "r", "--no-report")
     table = (tmp_path / "r" / "matrix.md").read_text()
     assert table.count("| predicted | predicted |") == 3
-    assert "no variant wins every metric" in out or "wins every metric" in out  # the comparison
+    # Virtual time is deterministic, so the verdict is too. TP2 splits each step's weight reads
+    # over two H100s and leads on every judged figure at 1 and at 4 users (DP2's replicas only
+    # halve the batch, which at 4 users hardly shortens a step). SLO attainment (all met) and
+    # error rate (none) are ties, and a tie names no winner.
+    assert "stage 0: tp2 wins every metric" in out and "stage 1: tp2 wins every metric" in out
+    assert "tp2 wins every metric at every stage" in out.splitlines()
+    assert "no variant wins every metric" not in out
     assert not (tmp_path / "r" / "report.html").exists()
     con = duckdb.connect(str(tmp_path / "p.duckdb"), read_only=True)
     assert con.execute("SELECT count(*) FROM runs WHERE list_contains(flags, 'predicted')"

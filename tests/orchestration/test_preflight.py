@@ -68,7 +68,7 @@ def test_fp8_runs_natively_at_cc_8_9_and_above(cli, file):
 
 
 def test_memory_figures_come_from_the_engine_sizing(cli):
-    from servelab.sim.kv_sizing import preflight as engine_preflight
+    from servelab.sim.engine.kv_sizing import preflight as engine_preflight
 
     variant = load_variant("bf16")
     report = run_preflight(variant, read_gpus(GPUS / "l40s.csv"), "l40s.csv")

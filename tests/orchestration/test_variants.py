@@ -103,6 +103,7 @@ def test_a_valid_file_by_path(tmp_path):
      6, "claims.min_compute_capability", ">= 8.9"),
     ({"weights": "int3"}, 6, "claims.weights", "one of bf16, fp16, fp8, int8, int4"),
     ({"args": "['Qwen/Qwen2.5-7B-Instruct']"}, 4, "serve_args[0]", "the model goes in `model`"),
+    ({"extra": "server: tgi\n"}, 7, "server", "allowed one of vllm"),
 ])
 def test_bad_files_name_file_line_field_and_fix(tmp_path, kwargs, line, field, words):
     path = _variant(tmp_path, **kwargs)
@@ -111,6 +112,20 @@ def test_bad_files_name_file_line_field_and_fix(tmp_path, kwargs, line, field, w
     message = str(err.value)
     assert f"{path}:{line}: {field}: found" in message, message
     assert words in message, message
+
+
+def test_the_server_kind_defaults_to_vllm_and_drives_the_command_line(tmp_path):
+    default = load_variant(_variant(tmp_path))
+    explicit = load_variant(_variant(tmp_path, name="x", extra="server: vllm\n"))
+    assert default.server == explicit.server == "vllm"
+    assert default.kind.command == ("vllm", "serve")
+    assert explicit.server_args(port=9) == ["Qwen/Qwen2.5-7B-Instruct", "--max-model-len",
+                                            "4096", "--port", "9"]
+    assert default.memory_utilization == 0.9
+    assert load_variant("tuned").memory_utilization == 0.95
+    # Every shipped variant is a vLLM one, and the metric names the views read are the kind's.
+    assert {v.server for v in load_all()} == {"vllm"}
+    assert default.kind.metrics["running"] == "vllm:num_requests_running"
 
 
 def test_name_must_match_the_file_and_yaml_errors_say_where(tmp_path):

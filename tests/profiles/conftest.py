@@ -11,8 +11,8 @@ from servelab.core.paths import DATA_DIR
 TOKENIZER_JSON = DATA_DIR / "tokenizer.json"
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = sorted((REPO / "traffic_profiles").glob("*.yaml"))
-AZURE_REFERENCE = (REPO.parent / "shared" / "reference" / "traces"
-                   / "AzureLLMInferenceTrace_conv.csv")
+# Every 50th row of the hour-long Azure trace (CC-BY 4.0; data/README.md has the attribution).
+AZURE_HOUR = Path(__file__).parent / "data" / "azure_conv_every50th.csv"
 
 
 @pytest.fixture

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from servelab.sim import build_engine_config, make_engines
-from servelab.sim.virtual import VirtualRequest, VirtualResult, median, percentile, run_closed_loop
+from servelab.sim.engine import build_engine_config, make_engines
+from servelab.core.quantiles import quantile_cont
+from servelab.sim.engine.virtual import VirtualRequest, VirtualResult
+from servelab.sim.engine.virtual_users import run_closed_loop
 
 
 @dataclass
@@ -40,14 +42,15 @@ def summarize(res: VirtualResult, warmup_s: float) -> Summary:
     itls = [x for r in fin for x in r.itls]
     return Summary(
         throughput=res.output_throughput(warmup_s, res.end_s),
-        tpot_p50=median(r.tpot for r in fin),
-        ttft_p50=median(r.ttft for r in fin),
-        ttft_p99=percentile([r.ttft for r in fin], 99),
-        itl_p99=percentile(itls, 99),
-        e2e_p50=median(r.e2e for r in fin),
+        tpot_p50=quantile_cont((r.tpot for r in fin), 0.5),
+        ttft_p50=quantile_cont((r.ttft for r in fin), 0.5),
+        ttft_p99=quantile_cont((r.ttft for r in fin), 0.99),
+        itl_p99=quantile_cont(itls, 0.99),
+        e2e_p50=quantile_cont((r.e2e for r in fin), 0.5),
         preemptions=sum(e.stats.num_preemptions_total for e in res.engines),
         max_waiting=max((s.num_waiting for s in res.samples), default=0),
-        median_waiting_after_warmup=median(s.num_waiting for s in res.samples if s.t >= warmup_s),
+        median_waiting_after_warmup=quantile_cont((s.num_waiting for s in res.samples if s.t >= warmup_s),
+                                                  0.5),
         max_kv_usage=max((s.kv_usage for s in res.samples), default=0.0),
         finished=len(fin),
         result=res,

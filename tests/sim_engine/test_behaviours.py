@@ -4,8 +4,10 @@ import json
 
 import pytest
 
-from servelab.sim import Engine, build_engine_config, make_engines
-from servelab.sim.virtual import VirtualRequest, median, run_open_loop
+from servelab.sim.engine import Engine, build_engine_config, make_engines
+from servelab.core.quantiles import quantile_cont
+from servelab.sim.engine.virtual import VirtualRequest
+from servelab.sim.engine.virtual_users import run_open_loop
 from servelab.specs import load_hardware
 from servelab.specs.engine_config import FP8_MARLIN_WARNING
 
@@ -126,7 +128,8 @@ def test_tp_over_pcie_costs_more_than_over_nvlink():
     def run(cfg, users):
         reqs = [VirtualRequest(prompt_len=300, output_len=100, arrival_s=0.0) for _ in range(users)]
         res = run_open_loop(make_engines(cfg), reqs)
-        return median(r.tpot for r in res.records), median(r.ttft for r in res.records)
+        return (quantile_cont((r.tpot for r in res.records), 0.5),
+                quantile_cont((r.ttft for r in res.records), 0.5))
     for users in (1, 64):
         nv_tpot, nv_ttft = run(nv, users)
         pcie_tpot, pcie_ttft = run(pcie, users)
@@ -140,7 +143,7 @@ def test_shared_prefix_workload_gets_lower_ttft_and_a_hit_rate():
         reqs = [VirtualRequest(prompt_len=2200, output_len=32, prefix_group=i % 4, prefix_len=2000,
                                arrival_s=i * 0.25) for i in range(40)]
         res = run_open_loop(make_engines(build_engine_config("L40S", QWEN, SHORT + args)), reqs)
-        return res, median(r.ttft for r in res.records)
+        return res, quantile_cont((r.ttft for r in res.records), 0.5)
     cached, ttft_cached = run([])
     plain, ttft_plain = run(["--no-enable-prefix-caching"])
     assert ttft_cached < 0.5 * ttft_plain

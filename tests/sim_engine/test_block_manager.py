@@ -1,6 +1,6 @@
 """BlockManager: hashing full blocks, sharing, reference counts, LRU eviction, counters."""
-from servelab.sim.block_manager import BlockManager
-from servelab.sim.sequence import Sequence
+from servelab.sim.engine.block_manager import BlockManager
+from servelab.sim.engine.sequence import Sequence
 
 
 def seq(rid, ids, max_tokens=4):

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from servelab.sim import Engine, EngineStartupError, build_engine_config, preflight
+from servelab.sim.engine import Engine, EngineStartupError, build_engine_config, preflight
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -1,7 +1,7 @@
 """Scheduler: token budget, decode-first, chunked prefill, FCFS admission, preemption order."""
-from servelab.sim.block_manager import BlockManager
-from servelab.sim.scheduler import Scheduler
-from servelab.sim.sequence import Sequence, Status
+from servelab.sim.engine.block_manager import BlockManager
+from servelab.sim.engine.scheduler import Scheduler
+from servelab.sim.engine.sequence import Sequence, Status
 
 
 def make(num_blocks=100, max_seqs=8, budget=64, max_len=4096, caching=True):

@@ -14,6 +14,7 @@ from servelab.specs import (
     model_dir_name,
     parse_serve_args,
 )
+from servelab.sim.engine.costs import default_acceptance, match_probability
 from servelab.specs.engine_config import FP8_MARLIN_WARNING
 
 KIB = 1024
@@ -165,14 +166,15 @@ def test_speculative_configs():
     draft = build_engine_config("L4", "Qwen/Qwen2.5-7B-Instruct", [
         "--speculative-config", '{"method":"draft_model","model":"Qwen/Qwen2.5-0.5B-Instruct","num_speculative_tokens":5}'])
     assert draft.speculative.draft.hf_id == "Qwen/Qwen2.5-0.5B-Instruct"
-    assert draft.num_speculative_tokens == 5 and len(draft.speculative.acceptance) == 5
-    assert list(draft.speculative.acceptance) == sorted(draft.speculative.acceptance, reverse=True)
+    rates = default_acceptance(draft.speculative.method, draft.num_speculative_tokens)
+    assert draft.num_speculative_tokens == 5 and len(rates) == 5
+    assert list(rates) == sorted(rates, reverse=True)
     eagle = build_engine_config("H100", "meta-llama/Llama-3.1-8B-Instruct", [
         "--speculative-config", '{"model":"RedHatAI/Llama-3.1-8B-Instruct-speculator.eagle3","num_speculative_tokens":3}'])
     assert eagle.speculative.method == "eagle3" and eagle.speculative.draft.num_layers == 1
     ngram = build_engine_config("H100", "Qwen/Qwen2.5-7B-Instruct", [
         "--speculative-config", '{"method":"ngram","num_speculative_tokens":5,"prompt_lookup_max":4}'])
-    assert ngram.speculative.draft is None and 0 < ngram.speculative.ngram_match_prob < 1
+    assert ngram.speculative.draft is None and 0 < match_probability(ngram.speculative.method) < 1
     with pytest.raises(ServelabError, match="num_speculative_tokens"):
         build_engine_config("H100", "Qwen/Qwen2.5-7B-Instruct", ["--speculative-config", '{"method":"ngram"}'])
     with pytest.raises(ServelabError, match="unknown model"):

@@ -1,11 +1,12 @@
 """The virtual-time runner: open and closed loops, client-side records, engine samples, DP."""
 import pytest
 
-from servelab.sim import build_engine_config, make_engines
-from servelab.sim.virtual import (
-    VirtualRequest,
-    percentile,
-    prompt_ids_for,
+from servelab.sim.engine import build_engine_config, make_engines
+from servelab.core.quantiles import quantile_cont
+from servelab.sim.engine.virtual import VirtualRequest, VirtualRunner, prompt_ids_for
+from servelab.sim.engine.virtual_users import (
+    UserTurn,
+    VirtualUsers,
     run_closed_loop,
     run_open_loop,
 )
@@ -90,9 +91,24 @@ def test_until_cuts_the_run(cfg):
     assert res.end_s == 1.0 and res.records[0].end_s is None and res.records[0].output_tokens > 10
 
 
-def test_percentile_matches_numpy_linear():
-    assert percentile([1, 2, 3, 4], 50) == 2.5
-    assert percentile([1, 2, 3, 4], 100) == 4 and percentile([7], 99) == 7
+def test_the_summaries_use_the_one_quantile_numpy_linear():
+    assert quantile_cont([1, 2, 3, 4], 0.5) == 2.5
+    assert quantile_cont([1, 2, 3, 4], 1.0) == 4 and quantile_cont([7], 0.99) == 7
+
+
+def test_a_session_resends_its_history_and_an_overlong_request_is_rejected(cfg):
+    users = VirtualUsers(VirtualRunner(make_engines(cfg)))
+    chat = [UserTurn(VirtualRequest(100, 20, request_id="t1"), resend_history=True),
+            UserTurn(VirtualRequest(50, 20, request_id="t2"), 0.5, resend_history=True)]
+    users.add_session(chat, 0.0)
+    users.add_session([UserTurn(VirtualRequest(5000, 20, request_id="big")),
+                       UserTurn(VirtualRequest(100, 10, request_id="after"))], 1.0)
+    res = users.run()
+    by_id = {r.request_id: r for r in res.records}
+    assert set(by_id) == {"t1", "t2", "after"} and [s.request_id for s in users.rejected] == ["big"]
+    assert by_id["t2"].prompt_tokens == 100 + 20 + 50 and by_id["t2"].cached_tokens >= 16
+    assert by_id["t2"].sent_s == pytest.approx(by_id["t1"].end_s + 0.5)
+    assert by_id["after"].sent_s == pytest.approx(1.001)  # the user goes on at once
 
 
 def test_a_drained_run_ends_when_the_client_got_the_last_chunk(cfg):
@@ -137,7 +153,7 @@ def test_max_in_flight_holds_arrivals_back_first_come_first_served(cfg):
 
 
 def test_a_capped_request_still_waiting_at_its_give_up_time_is_dropped(cfg):
-    from servelab.sim.virtual import InFlightCap, VirtualRunner
+    from servelab.sim.engine.virtual import InFlightCap, VirtualRunner
 
     runner = VirtualRunner(make_engines(cfg))
     cap = InFlightCap(1)

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab.sim.server import start_background
+from servelab.sim.server.server import start_background
 
 # --import-mode=importlib puts no test folder on sys.path; the tests share one helper module.
 sys.path.insert(0, str(Path(__file__).parent))

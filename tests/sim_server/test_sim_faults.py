@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 
 from servelab.core.errors import ServelabError
-from servelab.sim.faults import parse_faults
-from servelab.sim.server import start_background
+from servelab.sim.server.faults import parse_faults
+from servelab.sim.server.server import start_background
 from sim_server_helpers import FAST, MODEL, get, sse_post
 
 STALL_S = 0.25

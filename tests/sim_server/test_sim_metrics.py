@@ -3,7 +3,7 @@ import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from servelab.sim.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
+from servelab.sim.server.metrics import ITL_BUCKETS, REQUEST_LATENCY_BUCKETS, TTFT_BUCKETS
 from sim_server_helpers import MODEL, get, post_json, sse, sse_post
 
 VLLM_TYPES = {

@@ -5,7 +5,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.core.errors import ServelabError
-from servelab.sim.server import server_dev_mode, start_background
+from servelab.sim.server.server import server_dev_mode, start_background
 from sim_server_helpers import FAST, MODEL, get, post_json, sse, sse_post
 
 PROMPT = ("The prefix cache keeps the key and value blocks of a prompt it has seen, so a prompt "

@@ -4,9 +4,9 @@ import pytest
 
 from servelab.orchestration.serverlog import parse_log
 from servelab.orchestration.verify import verify
-from servelab.sim.kv_sizing import plan_kv_cache
-from servelab.sim.server import resolve_config
-from servelab.sim.startup_log import engine_config_line, format_line, startup_lines
+from servelab.sim.engine.kv_sizing import plan_kv_cache
+from servelab.sim.server.server import resolve_config
+from servelab.sim.engine.startup_log import engine_config_line, format_line, startup_lines
 from servelab.specs.variants import load_variant
 
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from servelab.sim.server import start_background
+from servelab.sim.server.server import start_background
 from sim_server_helpers import FAST, MODEL, get, sse, sse_post
 
 PROMPTS = ["Write about rivers.", "List three colours.", "What is a prime number?"]

@@ -1,7 +1,7 @@
 """The server built from variant files: instances and DP ranks become engines, flags layer on top."""
 import pytest
 
-from servelab.sim.server import build_server
+from servelab.sim.server.server import build_server
 
 
 def test_two_instances_and_dp2_variants_give_two_engines():
@@ -26,7 +26,7 @@ def test_acceptance_hint_follows_the_prompts_content():
     import random
 
     from servelab.core.paths import DATA_DIR
-    from servelab.sim.spec_hint import equivalent_acceptance, expected_accepted, ngram_repetition
+    from servelab.sim.server.spec_hint import equivalent_acceptance, expected_accepted, ngram_repetition
 
     assert ngram_repetition([1, 2, 3, 4, 5, 6]) == 0.0
     assert ngram_repetition([1, 2, 3] * 10) == 25 / 28  # all but the first 3 of 28 3-grams

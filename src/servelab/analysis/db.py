@@ -1,4 +1,5 @@
-"""Opening the results database for reading, and finding runs in it.
+"""Opening the results database for reading (THE read path of every analysis command), and
+finding runs in it. Writing goes through the store's ``open_db`` (``views.open_results_db``).
 
 DuckDB allows one writing process per file: while ``servelab run`` writes, every other open of
 the file fails, read-only ones included. Readers therefore open read-only, briefly, and say so
@@ -16,7 +17,7 @@ import duckdb
 from servelab.core.errors import ServelabError
 from servelab.core.paths import default_db
 
-from .views import has_schema, install_views, stale_views, view_files
+from .views import has_schema, install_views, open_results_db, stale_views, view_files
 
 
 def _lock_message(path: Path, exc: Exception) -> str:
@@ -44,9 +45,11 @@ def resolve_db_path(path: str | Path | None) -> Path:
     return db
 
 
-def _connect(db: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+def _connect(db: Path) -> duckdb.DuckDBPyConnection:
+    # Not store.open_db: a reader must never create the file or apply the schema, and its lock
+    # message says what a reader can do (wait, or read a copy).
     try:
-        return duckdb.connect(str(db), read_only=read_only)
+        return duckdb.connect(str(db), read_only=True)
     except duckdb.Error as exc:
         if _is_lock_error(exc):
             raise ServelabError(_lock_message(db, exc)) from exc
@@ -57,7 +60,7 @@ def open_for_reading(path: str | Path | None = None) -> duckdb.DuckDBPyConnectio
     """A read-only connection to the results database with current analysis views."""
     db = resolve_db_path(path)
     files = view_files()
-    con = _connect(db, read_only=True)
+    con = _connect(db)
     if not has_schema(con):
         con.close()
         raise ServelabError(
@@ -68,10 +71,10 @@ def open_for_reading(path: str | Path | None = None) -> duckdb.DuckDBPyConnectio
         return con
     con.close()
     try:
-        writer = duckdb.connect(str(db))
-    except duckdb.Error:
+        writer = open_results_db(db)  # the store's writer open, then the views
+    except (ServelabError, duckdb.Error):
         # Another reader holds the file: install the views for this connection only.
-        con = _connect(db, read_only=True)
+        con = _connect(db)
         install_views(con, temporary=True)
         print(
             f"servelab: note: the views stored in {db} are missing or older than analysis/*.sql and "
@@ -79,11 +82,8 @@ def open_for_reading(path: str | Path | None = None) -> duckdb.DuckDBPyConnectio
             file=sys.stderr,
         )
         return con
-    try:
-        install_views(writer)
-    finally:
-        writer.close()
-    return _connect(db, read_only=True)
+    writer.close()
+    return _connect(db)
 
 
 def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import html
-import math
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -13,9 +12,10 @@ import duckdb
 from servelab import __version__
 
 from . import plots
-from .compare import METRIC_LABEL, METRICS, compare_groups, groups_for_runs
+from .catalogue import FLAG_MEANING, METRICS, comparison_cell, fmt, format_value, level_text, pct
+from .compare import compare_groups, groups_for_runs
 from .db import fetch_dicts
-from .summary import FLAG_MEANING, fmt, level_text, pct, stage_rows, when
+from .summary import stage_rows, when
 
 CDF_POINTS = [i / 100 for i in range(101)]
 
@@ -124,32 +124,34 @@ def _runs_table(runs: list[dict], labels: dict[str, str]) -> str:
     return "\n".join(out)
 
 
-STAGE_HTML = [
-    ("stage", "stage"), ("load", "level"), ("class", "class_name"), ("requests", "requests"),
-    ("errors", "errors"), ("TTFT p50", "ttft_p50_ms"), ("TTFT p90", "ttft_p90_ms"), ("TTFT p99", "ttft_p99_ms"),
-    ("TTFT p99 adj", "ttft_p99_adj_ms"), ("ITL p50", "itl_p50_ms"), ("ITL p99", "itl_p99_ms"),
-    ("ITL chunk p99", "itl_chunk_p99_ms"), ("TPOT p50", "tpot_p50_ms"), ("TPOT p99", "tpot_p99_ms"),
-    ("E2E p50", "e2e_p50_ms"), ("E2E p99", "e2e_p99_ms"), ("out tok/s", "output_tokens_per_s"),
-    ("tok/s/GPU", "output_tokens_per_s_per_gpu"), ("tok/s/user", "output_tokens_per_s_per_user"),
-    ("req/s", "requests_per_s"), ("goodput", "goodput"), ("SLO met", "slo_attainment"),
-]
+# The report's stage table: the count columns, then catalogue metrics (headers and formats).
+STAGE_COUNTS = [("stage", "stage", str), ("load", "level", level_text), ("class", "class_name", str),
+                ("requests", "requests", str), ("errors", "errors", str)]
+STAGE_METRICS = ["ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "ttft_p99_adj_ms", "itl_p50_ms", "itl_p99_ms",
+                 "itl_chunk_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms", "e2e_p99_ms",
+                 "output_tokens_per_s", "output_tokens_per_s_per_gpu", "output_tokens_per_s_per_user",
+                 "requests_per_s", "goodput", "slo_attainment"]
+SERVER_COLUMNS = ["running_mean", "waiting_mean", "waiting_max", "kv_cache_usage_mean", "kv_cache_usage_max",
+                  "preemptions_per_s", "generation_tokens_per_s", "prefix_cache_hit_rate",
+                  "spec_acceptance_rate", "spec_mean_acceptance_length"]
+FRONTIER_COLUMNS = ["target", "levels", "max_level_meeting_target", "goodput_at_max_level", "first_failing_level",
+                    "slo_ttft_ms", "knee_level", "knee_level_interp"]
+
+
+def _table(head: list[str], rows: list[list], left: str = "") -> str:
+    """A scrollable HTML table of already formatted cells."""
+    out = ['<div class="scroll"><table><tr>' + "".join(f"<th{left}>{h}</th>" for h in head) + "</tr>"]
+    out += ["<tr>" + "".join(f"<td{left}>{_esc(c)}</td>" for c in cells) + "</tr>" for cells in rows]
+    out.append("</table></div>")
+    return "\n".join(out)
 
 
 def _stage_table(rows: list[dict]) -> str:
-    out = ['<div class="scroll"><table><tr>' + "".join(f"<th>{h}</th>" for h, _ in STAGE_HTML) + "<th class=l>errors by kind</th></tr>"]
+    head = [h for h, _, _ in STAGE_COUNTS] + [METRICS[n].header for n in STAGE_METRICS]
+    out = ['<div class="scroll"><table><tr>' + "".join(f"<th>{h}</th>" for h in head) + "<th class=l>errors by kind</th></tr>"]
     for r in rows:
-        cells = []
-        for _, key in STAGE_HTML:
-            v = r[key]
-            if key == "slo_attainment":
-                text = pct(v)
-            elif key == "level":
-                text = level_text(v)
-            elif key in ("requests_per_s", "goodput"):
-                text = fmt(v, 2)
-            else:
-                text = fmt(v)
-            cells.append(f'<td{" class=l" if key == "class_name" else ""}>{_esc(text)}</td>')
+        texts = [f(r[key]) for _, key, f in STAGE_COUNTS] + [format_value(n, r[n]) for n in STAGE_METRICS]
+        cells = [f'<td{" class=l" if i == 2 else ""}>{_esc(t)}</td>' for i, t in enumerate(texts)]
         kinds = ", ".join(f"{k}: {v}" for k, v in sorted((r["errors_by_kind"] or {}).items()))
         cls = ' class="all"' if r["class_name"] == "(all)" else ""
         out.append(f"<tr{cls}>" + "".join(cells) + f'<td class="l">{_esc(kinds)}</td></tr>')
@@ -160,32 +162,16 @@ def _stage_table(rows: list[dict]) -> str:
 def _server_table(rows: list[dict]) -> str:
     if not any(r["samples"] for r in rows):
         return "<p>No server metrics were scraped for this run.</p>"
-    head = ["stage", "running", "waiting", "waiting max", "KV use", "KV max", "preemptions/s",
-            "gen tok/s (server)", "prefix hit", "spec accept", "accept len"]
-    out = ['<div class="scroll"><table><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
-    for r in rows:
-        cells = [r["stage"], fmt(r["running_mean"]), fmt(r["waiting_mean"]), fmt(r["waiting_max"], 0),
-                 pct(r["kv_cache_usage_mean"]), pct(r["kv_cache_usage_max"]), fmt(r["preemptions_per_s"], 2),
-                 fmt(r["generation_tokens_per_s"]), pct(r["prefix_cache_hit_rate"]),
-                 pct(r["spec_acceptance_rate"]), fmt(r["spec_mean_acceptance_length"], 2)]
-        out.append("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in cells) + "</tr>")
-    out.append("</table></div>")
-    return "\n".join(out)
+    return _table(["stage"] + [METRICS[n].header for n in SERVER_COLUMNS],
+                  [[r["stage"]] + [format_value(n, r[n]) for n in SERVER_COLUMNS] for r in rows])
 
 
 def _frontier_table(rows: list[dict]) -> str:
     if not rows:
         return ""
-    head = ["class", "target", "levels", "max load meeting target", "goodput there", "first failing load",
-            "TTFT SLO", "knee (p99 TTFT > SLO)", "knee, interpolated"]
-    out = ['<div class="scroll"><table><tr>' + "".join(f"<th>{h}</th>" for h in head) + "</tr>"]
-    for r in rows:
-        cells = [r["class_name"], pct(r["target"]), r["levels"], fmt(r["max_level_meeting_target"], 2),
-                 fmt(r["goodput_at_max_level"], 2), fmt(r["first_failing_level"], 2), fmt(r["slo_ttft_ms"]),
-                 fmt(r["knee_level"], 2), fmt(r["knee_level_interp"], 2)]
-        out.append("<tr>" + "".join(f"<td>{_esc(c)}</td>" for c in cells) + "</tr>")
-    out.append("</table></div>")
-    return "\n".join(out)
+    head = ["class"] + [METRICS[n].header if n in METRICS else n for n in FRONTIER_COLUMNS]
+    return _table(head, [[r["class_name"]] + [format_value(n, r[n]) if n in METRICS else r[n]
+                                            for n in FRONTIER_COLUMNS] for r in rows])
 
 
 def _comparison_html(comparison) -> str:
@@ -206,23 +192,14 @@ def _comparison_html(comparison) -> str:
         for m in stage.metrics:
             cells = []
             for label in labels:
-                if label not in m.values:
+                cell = comparison_cell(m, label, comparison.baseline, times="×")
+                if cell is None:
                     cells.append("<td>-</td>")
                     continue
-                v = m.values[label]
-                text = pct(v) if m.metric in ("slo_attainment", "error_rate") else fmt(v, 2 if m.metric == "goodput" else 1)
-                iv = m.intervals.get(label)
-                if iv:
-                    conv = (lambda x: pct(x)) if m.metric in ("slo_attainment", "error_rate") else (lambda x: fmt(x))
-                    text += f" [{conv(iv[0])}, {conv(iv[1])}]"
-                if label != comparison.baseline and label in m.ratios and not math.isnan(m.ratios[label]):
-                    text += f" ×{m.ratios[label]:.2f}"
-                    if m.within_noise.get(label):
-                        text += ' <span class="noise">≈</span>'
-                if m.winner == label:
-                    text = "★ " + text
-                cells.append(f"<td>{text}</td>")
-            out.append(f'<tr><td class="l">{_esc(METRIC_LABEL[m.metric])}</td>' + "".join(cells) + "</tr>")
+                text, ratio = cell
+                text = _esc(text + ratio) + (' <span class="noise">≈</span>' if ratio and m.within_noise.get(label) else "")
+                cells.append(f"<td>{'★ ' if m.winner == label else ''}{text}</td>")
+            out.append(f'<tr><td class="l">{_esc(METRICS[m.metric].label)}</td>' + "".join(cells) + "</tr>")
         out.append("</table></div>")
     return "\n".join(out)
 
@@ -256,11 +233,11 @@ def _fidelity_html(con: duckdb.DuckDBPyConnection, runs: list[dict], all_rows: d
         key = (r["matrix_id"], r["baseline"])
         if key not in shown_baselines:
             shown_baselines.add(key)
-            cells = [r["matrix_id"], f"{r['baseline']} (baseline)", fmt(speed.get(r["baseline"])),
+            cells = [r["matrix_id"], f"{r['baseline']} (baseline)", format_value("output_tokens_per_s", speed.get(r["baseline"])),
                      "-", "-", "-", "-", "-"]
             out.append("<tr>" + "".join(f'<td class="l">{_esc(c)}</td>' for c in cells) + "</tr>")
         div = r["mean_first_divergence"]
-        cells = [r["matrix_id"], r["candidate"], fmt(speed.get(r["candidate"])), r["prompts"],
+        cells = [r["matrix_id"], r["candidate"], format_value("output_tokens_per_s", speed.get(r["candidate"])), r["prompts"],
                  pct(r["exact_match_rate"]), "-" if div is None else f"{div:.1f} tok",
                  fmt(r["mean_similarity"], 3), r["token_source"]]
         out.append("<tr>" + "".join(f'<td class="l">{_esc(c)}</td>' for c in cells) + "</tr>")
@@ -363,4 +340,16 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[str], out_dir: Pa
     return report
 
 
-__all__ = ["build_report", "METRICS"]
+def write_report(db, runs: list[str], out_dir: Path, boot: int = 200) -> Path:
+    """``servelab report`` as a function: report.html and its PNGs for these runs (ids, unique
+    prefixes or 'latest') of the database `db` (None: the default one) into `out_dir`."""
+    from .db import open_for_reading, resolve_runs
+
+    con = open_for_reading(db)
+    try:
+        return build_report(con, resolve_runs(con, runs), out_dir, boot=boot)
+    finally:
+        con.close()
+
+
+__all__ = ["build_report", "write_report"]

@@ -1,27 +1,16 @@
-"""Terminal tables (rich) of runs and of a run's stages, read from the SQL views."""
+"""Terminal tables (rich) of runs, of a run's stages and of a comparison, read from the SQL views
+and formatted through the metric catalogue (catalogue.py)."""
 from __future__ import annotations
 
-import math
 from datetime import datetime, timezone
 
 import duckdb
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from .catalogue import FLAG_MEANING, METRICS, comparison_cell, format_value, level_text
 from .db import fetch_dicts
-
-# What each flag means, for the terminal and the report.
-FLAG_MEANING = {
-    "generator_saturated": "the load generator was itself the bottleneck (CPU or event-loop lag): "
-    "latencies include client delay and the offered load was not fully delivered",
-    "rows_lost": "some request rows were produced but never stored: counts and rates are low",
-    "predicted": "figures are a prediction (cost model / virtual time), not a measurement of a real server",
-    "unverified": "the server was not verified to be the variant it claims to be (the evidence was "
-    "missing): read its figures as those of an unknown configuration",
-    "variant_mismatch": "the server was checked and does NOT run what its variant claims (e.g. FP8 "
-    "W8A8 claimed, weight-only FP8 through Marlin served): its figures are not the variant's",
-}
-
 
 def make_console() -> Console:
     """A console for tables: a terminal's own width; when piped, wide enough not to cut columns."""
@@ -29,31 +18,6 @@ def make_console() -> Console:
     if not console.is_terminal:
         console = Console(width=max(console.width, 180))
     return console
-
-
-def fmt(value, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "-"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        if abs(value) >= 10000:
-            return f"{value:,.0f}"
-        return f"{value:.{digits}f}"
-    return str(value)
-
-
-def level_text(value) -> str:
-    """A load level: users as an integer, rates with the decimals they need."""
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    return f"{value:g}"
-
-
-def pct(value) -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{100 * value:.1f}%"
 
 
 def when(unix) -> str:
@@ -92,25 +56,15 @@ def server_rows(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
     return fetch_dicts(con, "SELECT * FROM server_stage_summary WHERE run_id = ? ORDER BY stage", [run_id])
 
 
-STAGE_COLUMNS = [
-    # (header, key, formatter)
-    ("stage", "stage", str),
-    ("load", "level", level_text),
-    ("class", "class_name", str),
-    ("req", "requests", str),
-    ("err", "errors", str),
-    ("TTFT p50", "ttft_p50_ms", fmt),
-    ("TTFT p99", "ttft_p99_ms", fmt),
-    ("p99 adj", "ttft_p99_adj_ms", fmt),
-    ("ITL p50", "itl_p50_ms", fmt),
-    ("ITL p99", "itl_p99_ms", fmt),
-    ("TPOT p50", "tpot_p50_ms", fmt),
-    ("E2E p99", "e2e_p99_ms", fmt),
-    ("out tok/s", "output_tokens_per_s", fmt),
-    ("req/s", "requests_per_s", lambda v: fmt(v, 2)),
-    ("goodput", "goodput", lambda v: fmt(v, 2)),
-    ("SLO met", "slo_attainment", pct),
-]
+# The terminal's stage table: the count columns, then catalogue metrics (its headers and formats).
+STAGE_COUNTS = [("stage", "stage", str), ("load", "level", level_text), ("class", "class_name", str),
+                ("req", "requests", str), ("err", "errors", str)]
+STAGE_METRICS = ["ttft_p50_ms", "ttft_p99_ms", "ttft_p99_adj_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
+                 "e2e_p99_ms", "output_tokens_per_s", "requests_per_s", "goodput", "slo_attainment"]
+STAGE_COLUMNS = STAGE_COUNTS + [(METRICS[n].header, n, lambda v, n=n: format_value(n, v)) for n in STAGE_METRICS]
+SERVER_COLUMNS = ["running_mean", "waiting_mean", "waiting_max", "kv_cache_usage_mean", "kv_cache_usage_max",
+                  "preemptions_per_s", "prefix_cache_hit_rate", "spec_acceptance_rate",
+                  "spec_mean_acceptance_length"]
 
 
 def stage_table(run: dict, rows: list[dict]) -> Table:
@@ -134,14 +88,10 @@ def server_table(rows: list[dict]) -> Table | None:
     if not any(r["samples"] for r in rows):
         return None
     table = Table(title="server (scraped /metrics, measured windows)", title_justify="left")
-    for col in ("stage", "running", "waiting", "waiting max", "KV use", "KV max", "preempt/s", "prefix hit", "spec accept", "accept len"):
+    for col in ["stage"] + [METRICS[n].header for n in SERVER_COLUMNS]:
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(
-            str(r["stage"]), fmt(r["running_mean"]), fmt(r["waiting_mean"]), fmt(r["waiting_max"], 0),
-            pct(r["kv_cache_usage_mean"]), pct(r["kv_cache_usage_max"]), fmt(r["preemptions_per_s"], 2),
-            pct(r["prefix_cache_hit_rate"]), pct(r["spec_acceptance_rate"]), fmt(r["spec_mean_acceptance_length"], 2),
-        )
+        table.add_row(str(r["stage"]), *[format_value(n, r[n]) for n in SERVER_COLUMNS])
     return table
 
 
@@ -161,10 +111,51 @@ def print_summary(con: duckdb.DuckDBPyConnection, run_id: str, console: Console 
         console.print(f"stage {r['stage']} errors: {kinds}")
     lagged = [r for r in rows if r["class_name"] == "(all)" and r["send_lag_p99_ms"] is not None]
     for r in lagged:
-        console.print(
-            f"stage {r['stage']} open loop: send lag p99 {fmt(r['send_lag_p99_ms'])} ms, late {r['late']}, "
-            f"dropped {r['dropped']}; E2E from the scheduled time p99 {fmt(r['e2e_sched_p99_ms'])} ms"
-        )
+        lag, e2e = (format_value(n, r[n]) for n in ("send_lag_p99_ms", "e2e_sched_p99_ms"))
+        console.print(f"stage {r['stage']} open loop: send lag p99 {lag} ms, late {r['late']}, "
+                      f"dropped {r['dropped']}; E2E from the scheduled time p99 {e2e} ms")
     server = server_table(server_rows(con, run_id))
     if server is not None:
         console.print(server)
+
+
+def comparison_table(result, stage) -> Table:
+    """One stage of a comparison (compare.Comparison, compare.StageComparison): a row per metric,
+    a column per group; the winner's cell green with a star."""
+    levels = ", ".join(f"{k}={v:g}" for k, v in stage.levels.items() if v is not None)
+    table = Table(title=f"stage {stage.stage} ({stage.kind}: {levels}), class {result.class_name}; "
+                  f"value [95% CI] xratio to {result.baseline}", title_justify="left")
+    table.add_column("metric")
+    for g in result.groups:
+        table.add_column(escape(g.header), justify="right", header_style="bold red" if g.flags else "bold")
+    for m in stage.metrics:
+        cells = []
+        for g in result.groups:
+            cell = comparison_cell(m, g.label, result.baseline)
+            if cell is None:
+                cells.append("-")
+                continue
+            text, ratio = cell
+            text += ratio + (" ~noise" if ratio and m.within_noise.get(g.label) else "")
+            cells.append(f"[bold green]{text} *[/]" if m.winner == g.label else text)
+        table.add_row(METRICS[m.metric].label, *cells)
+    return table
+
+
+def print_comparison(result, console: Console | None = None) -> None:
+    """What `servelab compare` prints: the groups, the caveats of flagged ones, a table and a
+    verdict per stage, and the overall verdict."""
+    console = console or make_console()
+    for g in result.groups:
+        console.print(f"{g.label}: runs {', '.join(g.run_ids)}" + (" (repeats)" if len(g.run_ids) > 1 else "")
+                      + (f" [bold red]FLAGGED {', '.join(g.flags)}[/]" if g.flags else ""))
+    for caveat in result.caveats:
+        console.print(f"[bold red]caution[/]: {caveat}")
+    for stage in result.stages:
+        console.print(comparison_table(result, stage))
+        for note in stage.notes:
+            console.print(f"[yellow]note[/]: {note}")
+        console.print(f"stage {stage.stage}: {stage.verdict}")
+    console.print(f"[bold]{result.verdict}[/]")
+    for caveat in result.caveats:
+        console.print(f"[bold red]caution[/]: {caveat}")

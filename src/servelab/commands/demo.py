@@ -30,7 +30,6 @@ def _banner(text: str) -> None:
 
 
 def run(args) -> int:
-    from servelab.cli import main as servelab
     from servelab.commands.profiles import show_all_profiles
     from servelab.core.paths import profiles_dir
 
@@ -42,13 +41,24 @@ def run(args) -> int:
     _banner(f"2/2  matrix {args.variants} on a simulated {args.hardware}, profile smoke.yaml "
             "(servelab matrix --backend sim)")
     started = time.monotonic()
-    status = servelab(["matrix", "--variants", args.variants,
-                       "--profile", str(profiles_dir() / "smoke.yaml"),
-                       "--backend", "sim", "--hardware", args.hardware,
-                       "--db", args.db, "--out", args.out, "--fidelity"])
+    status = _servelab(["matrix", "--variants", args.variants,
+                        "--profile", str(profiles_dir() / "smoke.yaml"),
+                        "--backend", "sim", "--hardware", args.hardware,
+                        "--db", args.db, "--out", args.out, "--fidelity"])
     print(f"\ndemo finished in {time.monotonic() - started:.0f} s; explore the results with:\n"
           f"  .venv/bin/servelab runs --db {args.db}\n"
           f"  .venv/bin/servelab summary latest --db {args.db}\n"
           f"  .venv/bin/duckdb {args.db} -c 'SELECT * FROM stage_summary'\n"
           f"  open {args.out}/report.html")
     return status
+
+
+def _servelab(argv: list[str]) -> int:
+    """``servelab matrix ...`` as typed, parsed by the matrix command's own parser."""
+    import argparse
+
+    from servelab.commands import call, servers
+
+    parser = argparse.ArgumentParser(prog="servelab")
+    servers.register(parser.add_subparsers(dest="command"))
+    return call(parser.parse_args(argv))

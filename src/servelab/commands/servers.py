@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from servelab.core.timeouts import SERVER_STARTUP_S
+
 
 def register(sub) -> None:
     p = sub.add_parser("variants", help="list the server variants (servers/variants/*.yaml)")
@@ -98,8 +100,9 @@ def _backend_args(p, with_predict: bool) -> None:
     p.add_argument("--hardware", metavar="NAME", default="L40S",
                    help="simulated GPU (servers/hardware) for sim/predict (default L40S)")
     p.add_argument("--url", metavar="URL", help="--backend external: the running server")
-    p.add_argument("--startup-timeout", type=float, default=1800.0, metavar="S",
-                   help="seconds to wait for /health (default 1800: downloads and compilation)")
+    p.add_argument("--startup-timeout", type=float, default=SERVER_STARTUP_S, metavar="S",
+                   help=f"seconds to wait for /health (default {SERVER_STARTUP_S:g}: downloads "
+                   "and compilation)")
     p.add_argument("--logs", metavar="DIR", help="where server logs go (default results/logs)")
 
 
@@ -112,7 +115,7 @@ def variants_cmd(args) -> int:
         print(f"  file       {v.path}")
         env = f" (override with ${v.model_env})" if v.model_env else ""
         print(f"  model      {v.model}{env}")
-        print(f"  serve      vllm serve {' '.join(_quote(a) for a in v.vllm_serve_args())}")
+        print(f"  serve      {' '.join(v.kind.command)} {' '.join(_quote(a) for a in v.server_args())}")
         print(f"  gpus       {v.gpus} ({v.instances} instance(s), TP {v.tensor_parallel_size}, "
               f"DP {v.data_parallel_size})")
         c = v.claims
@@ -157,6 +160,7 @@ def _quote(arg: str) -> str:
 
 
 def preflight_cmd(args) -> int:
+    from servelab.orchestration.preflight_sources import preflight_report
     from servelab.specs.variants import load_variant
 
     variant = load_variant(args.variant)
@@ -166,25 +170,6 @@ def preflight_cmd(args) -> int:
     if report.refused:
         return 1
     return 1 if (args.strict and report.warned) else 0
-
-
-def preflight_report(variant, gpus_file=None, topology_file=None, hardware=None, count=None,
-                     profile=None):
-    """Preflight from the command line's sources: a saved CSV, named hardware, or nvidia-smi."""
-    from servelab.orchestration import preflight as pf
-    from servelab.orchestration.gpus import read_gpus, read_topology
-
-    links = read_topology(topology_file) if topology_file else None
-    if hardware:
-        gpus = pf.gpus_from_hardware(hardware, count or variant.gpus)
-        source = f"--hardware {hardware}"
-    else:
-        gpus = read_gpus(gpus_file)
-        source = gpus_file or "nvidia-smi"
-        if gpus_file is None and links is None and len(gpus) > 1:
-            links = read_topology(None)
-    lengths = pf.profile_lengths(profile) if profile else None
-    return pf.run_preflight(variant, gpus, source, links, lengths)
 
 
 def verify_cmd(args) -> int:
@@ -203,6 +188,8 @@ def verify_cmd(args) -> int:
     gpus = read_gpus(args.gpus) if args.gpus else None
     expected = None
     if gpus:
+        from servelab.orchestration.preflight_sources import preflight_report
+
         report = preflight_report(variant, gpus_file=args.gpus)
         expected = report.kv_tokens
     verdict = vf.verify(variant, log_path=args.log, url=args.url, metrics_path=args.metrics,
@@ -215,7 +202,7 @@ def verify_cmd(args) -> int:
     return 0 if verdict.status == "verified" else 1
 
 
-def _variant_list(text: str) -> list:
+def variant_list(text: str) -> list:
     from servelab.core.errors import ServelabError
     from servelab.specs.variants import load_variant
 
@@ -230,74 +217,53 @@ def _variant_list(text: str) -> list:
 def fidelity_cmd(args) -> int:
     from pathlib import Path
 
-    from servelab.orchestration import backends, fidelity
+    from servelab.core.errors import ServelabError
     from servelab.core.paths import default_db
+    from servelab.orchestration import fidelity
 
-    baseline = _variant_list(args.baseline)
+    baseline = variant_list(args.baseline)
     if len(baseline) != 1:
-        from servelab.core.errors import ServelabError
         raise ServelabError("--baseline takes one variant")
-    variants = baseline + _variant_list(args.candidates)
+    variants = baseline + variant_list(args.candidates)
     prompts = fidelity.load_prompts(args.prompts)
     db = Path(args.db) if args.db else default_db()
     logs = Path(args.logs) if args.logs else db.parent / "logs"
-    outputs = {}
-    for variant in variants:
-        server = backends.start_server(args.backend, variant, logs, hardware=args.hardware,
-                                       url=args.url, suffix="-fidelity")
-        try:
-            backends.wait_healthy(server, args.startup_timeout)
-            print(f"{variant.name}: {len(prompts)} greedy outputs from {server.url}", flush=True)
-            outputs[variant.name] = fidelity.collect(server.url, prompts, args.seed, args.parallel)
-        finally:
-            server.stop()
-    fid = fidelity.new_id()
+    outputs = fidelity.collect_from_variants(
+        args.backend, variants, prompts, logs, hardware=args.hardware, url=args.url,
+        startup_timeout_s=args.startup_timeout, seed=args.seed, parallel=args.parallel)
     base = variants[0].name
-    summaries = {}
-    for variant in variants[1:]:
-        rows = fidelity.compare(prompts, outputs[base], outputs[variant.name])
-        fidelity.record(db, fid, base, variant.name, rows, backend=args.backend,
-                        hardware=args.hardware if args.backend == "sim" else None,
-                        prompt_set=str(args.prompts or fidelity.DEFAULT_PROMPTS), seed=args.seed)
-        summaries[variant.name] = fidelity.summarize(rows)
+    fid, summaries = fidelity.compare_and_record(
+        db, prompts, outputs, base, backend=args.backend,
+        hardware=args.hardware if args.backend == "sim" else None,
+        prompt_set=str(args.prompts or fidelity.DEFAULT_PROMPTS), seed=args.seed)
     print(fidelity.render_summary(base, summaries))
     print(f"stored as {fid} in {db} (table fidelity)")
     return 0
 
 
-def _tags(items: list[str]) -> dict:
-    from servelab.core.errors import ServelabError
-
-    tags = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise ServelabError(f"--tag {item!r}: write it as key=value")
-        tags[key] = value
-    return tags
-
-
 def predict_cmd(args) -> int:
-    from servelab.orchestration.predict import predict, render
     from servelab.core.paths import default_db
+    from servelab.loadgen.options import parse_tags
+    from servelab.orchestration.predict import predict, render
     from servelab.specs.variants import load_variant
 
     variant = load_variant(args.variant)
     db = args.db or str(default_db())
     result = predict(variant, args.hardware, args.profile, db, seed=args.seed,
-                     tags=_tags(args.tag))
+                     tags=parse_tags(args.tag))
     print(render(result, variant, args.hardware, db))
     return 0
 
 
 def matrix_cmd(args) -> int:
-    import json
     from pathlib import Path
 
-    from servelab.orchestration import matrix
+    from servelab.commands.run import run_arg_fields
     from servelab.core.paths import default_db, project_root
+    from servelab.orchestration import matrix
 
-    variants = _variant_list(args.variants)
+    variants = variant_list(args.variants)
+    run_fields = run_arg_fields(args.run_arg)
     db = Path(args.db) if args.db else default_db()
     fid = args.fidelity
     if fid and not Path(fid).is_file() and (project_root() / fid).is_file():
@@ -306,19 +272,6 @@ def matrix_cmd(args) -> int:
         profile=args.profile, backend=args.backend, hardware=args.hardware, repeat=args.repeat,
         db=db, url=args.url, gpus_file=args.gpus, topology_file=args.topology, seed=args.seed,
         startup_timeout_s=args.startup_timeout, force=args.force, fidelity_prompts=fid,
-        run_args=args.run_arg, logs=Path(args.logs) if args.logs else None)
+        run_fields=run_fields, logs=Path(args.logs) if args.logs else None)
     result = matrix.run_matrix(variants, opt)
-    out = Path(args.out) if args.out else Path("reports") / result.matrix_id
-    out.mkdir(parents=True, exist_ok=True)
-    speed = matrix.speed_rows(db, result.run_ids)
-    table = matrix.render_table(result, speed)
-    (out / "matrix.md").write_text(table, encoding="utf-8")
-    (out / "matrix.json").write_text(json.dumps(matrix.to_json(result, speed), indent=2,
-                                                default=str), encoding="utf-8")
-    print()
-    print(table)
-    problems = (matrix.compare_and_report(result, db, out, report=not args.no_report)
-                if result.run_ids else [])
-    print(f"matrix {result.matrix_id}: {out / 'matrix.md'}, {out / 'matrix.json'}")
-    incomplete = [e for e in result.entries if e.status in ("failed", "refused")]
-    return 1 if incomplete or problems or not result.run_ids else 0
+    return matrix.finish(result, db, args.out, report=not args.no_report)

@@ -49,24 +49,10 @@ def register(sub) -> None:
     p.set_defaults(func=run, accepts_extra=True)
 
 
-def _vllm_error_line(message: str) -> str:
-    # vLLM dies with a traceback ending in the exception; the OOM message already names its type.
-    return message if message.startswith("torch.") else f"ValueError: {message}"
-
-
 def run(args) -> int:
-    import asyncio
-    import gc
-    import os
-    import signal
-
-    from servelab.sim.faults import parse_faults
-    from servelab.sim.kv_sizing import plan_kv_cache
-    from servelab.sim.server import SimServer, log_stats, new_event_loop, resolve_config
-    from servelab.sim.startup_log import format_line, startup_lines
-
-    def log(line: str) -> None:
-        print(format_line(line), flush=True)
+    from servelab.sim.server.faults import parse_faults
+    from servelab.sim.server.serve import ServeOptions, serve
+    from servelab.sim.server.server import resolve_config
 
     if args.instances is not None and args.instances < 1:
         print("servelab sim: --instances: must be at least 1", file=sys.stderr)
@@ -74,52 +60,10 @@ def run(args) -> int:
     parse_faults(args.faults)  # a bad spec fails before anything starts
     config, instances, salt = resolve_config(args.hardware, args.model, args.extra,
                                              variant=args.variant, instances=args.instances)
-    log(f"servelab sim: {config.model.hf_id} on {config.hardware.name} "
-        f"(TP={config.tensor_parallel_size}, DP={config.data_parallel_size}, "
-        f"instances={instances}, kernel path {config.quant.name})")
-    plan = plan_kv_cache(config)
-    for line in startup_lines(config, plan, args.seed):
-        log(line)
-    if plan.errors:
-        print(_vllm_error_line(plan.errors[0]), file=sys.stderr, flush=True)
-        return 1
-    server = SimServer(config, seed=args.seed, faults=args.faults, instances=instances,
-                       output_divergence=args.output_divergence, divergence_salt=salt,
-                       guard_s=max(args.timer_guard_ms, 0.0) / 1000.0, log=log)
-    if server.dev_mode:
-        log("WARNING SECURITY WARNING: Development endpoints are enabled! This should NOT be used "
-            "in production!")
-
-    gc.freeze()  # start-up objects (corpus, tokenizer tables) stay out of later GC passes
-    loop = new_event_loop()
-    asyncio.set_event_loop(loop)
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    stats_task = None
-    try:
-        url = loop.run_until_complete(server.start(args.host, args.port))
-        log(f"Serving {', '.join(server.served.names)} at {url} (max_model_len "
-            f"{config.max_model_len}; {len(server.engines)} engine(s))")
-        if server.fault_plan.spec.enabled:
-            log(f"Fault injection: {args.faults}")
-        if args.ready_file:
-            tmp = f"{args.ready_file}.tmp{os.getpid()}"
-            with open(tmp, "w") as f:
-                f.write(url + "\n")
-            os.replace(tmp, args.ready_file)
-        if args.log_stats_interval > 0:
-            stats_task = loop.create_task(log_stats(server, args.log_stats_interval, log))
-        loop.run_until_complete(stop.wait())
-        log("Shutting down")
-    finally:
-        if stats_task is not None:
-            stats_task.cancel()
-        loop.run_until_complete(server.stop())
-        loop.close()
-        if args.ready_file and os.path.exists(args.ready_file):
-            os.remove(args.ready_file)
-    return 0
+    return serve(config, instances, salt, ServeOptions(
+        host=args.host, port=args.port, seed=args.seed, faults=args.faults,
+        output_divergence=args.output_divergence, timer_guard_ms=args.timer_guard_ms,
+        log_stats_interval=args.log_stats_interval, ready_file=args.ready_file))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,20 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     (what a parent process such as the load generator spawns)."""
     import argparse
 
-    from servelab.core.errors import ServelabError
+    from servelab.commands import call
 
     parser = argparse.ArgumentParser(prog="servelab")
     register(parser.add_subparsers(dest="command"))
     args, extra = parser.parse_known_args(["sim", *(sys.argv[1:] if argv is None else argv)])
     args.extra = extra
-    try:
-        return run(args)
-    except ServelabError as exc:
-        print(f"servelab sim: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-
+    return call(args)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,21 +4,22 @@ Imported by the ``servelab run`` process too: keep it free of gevent and locust.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
-
 import time
 import uuid
+from dataclasses import asdict, dataclass
 
 from servelab.core.errors import ServelabError
 from servelab.core.paths import default_db
+from servelab.core.timeouts import DRAIN_S, REQUEST
 
 
 @dataclass
 class Timeouts:
-    connect_s: float = 10.0
-    first_token_s: float = 300.0
-    between_chunks_s: float = 60.0
-    total_s: float = 1800.0
+    """The per-request limits as the watchdog reads them (``core.timeouts.REQUEST``'s values)."""
+    connect_s: float = REQUEST.connect
+    first_token_s: float = REQUEST.first_token
+    between_chunks_s: float = REQUEST.between_chunks
+    total_s: float = REQUEST.total
 
 
 def new_run_id() -> str:
@@ -36,14 +37,15 @@ def add_arguments(parser) -> None:
     g.add_argument("--db", default=str(default_db()), help="DuckDB file that receives the run")
     g.add_argument("--tag", default="", help="k=v[,k=v...] labels recorded with the run")
     g.add_argument("--seed", type=int, default=-1, help="override the profile's seed (-1: keep)")
-    g.add_argument("--timeout-connect", type=float, default=10.0, help="seconds to connect")
-    g.add_argument("--timeout-first-token", type=float, default=300.0,
+    g.add_argument("--timeout-connect", type=float, default=REQUEST.connect,
+                   help="seconds to connect")
+    g.add_argument("--timeout-first-token", type=float, default=REQUEST.first_token,
                    help="seconds from sending to the first output chunk")
-    g.add_argument("--timeout-between-chunks", type=float, default=60.0,
+    g.add_argument("--timeout-between-chunks", type=float, default=REQUEST.between_chunks,
                    help="seconds allowed between two output chunks")
-    g.add_argument("--timeout-total", type=float, default=1800.0,
+    g.add_argument("--timeout-total", type=float, default=REQUEST.total,
                    help="seconds for a whole request")
-    g.add_argument("--drain-timeout", type=float, default=60.0,
+    g.add_argument("--drain-timeout", type=float, default=DRAIN_S,
                    help="seconds in-flight requests get to finish when the run ends")
     g.add_argument("--late-ms", type=float, default=10.0,
                    help="open loop: an arrival sent later than this after its time is 'late'")
@@ -93,11 +95,11 @@ def settings_from(options) -> Settings:
         db=get("db", "") or str(default_db()),
         tags=parse_tags(get("tag", "")),
         seed=None if seed is None or int(seed) < 0 else int(seed),
-        timeouts=Timeouts(float(get("timeout_connect", 10.0)),
-                          float(get("timeout_first_token", 300.0)),
-                          float(get("timeout_between_chunks", 60.0)),
-                          float(get("timeout_total", 1800.0))),
-        drain_timeout_s=float(get("drain_timeout", 60.0)),
+        timeouts=Timeouts(float(get("timeout_connect", REQUEST.connect)),
+                          float(get("timeout_first_token", REQUEST.first_token)),
+                          float(get("timeout_between_chunks", REQUEST.between_chunks)),
+                          float(get("timeout_total", REQUEST.total))),
+        drain_timeout_s=float(get("drain_timeout", DRAIN_S)),
         late_ms=float(get("late_ms", 10.0)),
         served_model=get("served_model", "") or "",
         tokenizer=get("tokenizer", "") or "",

@@ -1,5 +1,7 @@
 """Wiring servelab into Locust's events and custom messages (``install`` is called by the
-locustfile). The same process can be master, worker or both (a local run without workers)."""
+locustfile). The same process can be master, worker or both (a local run without workers):
+``MasterSide`` runs the run (collector, shape driver), ``WorkerSide`` answers the master's
+messages with this process's run context."""
 from __future__ import annotations
 
 import functools
@@ -10,21 +12,55 @@ import gevent
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 from servelab.core.errors import ServelabError
-from servelab.loadgen import collector as coll
-from servelab.loadgen import worker as workers
-from servelab.loadgen.options import Settings, add_arguments, settings_from
-from servelab.loadgen.recorder import ROWS_MESSAGE
+from servelab.core.timeouts import WORKERS_READY_S
+from servelab.loadgen import messages
+from servelab.loadgen.master.collector import Collector
+from servelab.loadgen.options import Settings, Timeouts, add_arguments, settings_from
+from servelab.loadgen.shapes import ManualStages, ProfileShape, StageDriver
+from servelab.loadgen.users import LLMUser, OpenLoopUser, StreamingUser, report_request
+from servelab.loadgen.worker import context as workers
 
 log = logging.getLogger("servelab.loadgen")
 
-_collector: coll.Collector | None = None
-_driver = None
-_manual = None
-_env = None
 
-
-def install(events) -> None:
+def install(events, open_db=None) -> None:
+    """``open_db(path)``: how the master opens the database for writing (the locustfile passes
+    ``analysis.views.open_results_db``, so the file holds the views too)."""
     _cache_locust_defaults()
+    sides: dict = {}
+
+    def on_init(environment, **_kw) -> None:
+        runner = environment.runner
+        if runner is None:
+            return
+        if isinstance(runner, (WorkerRunner, LocalRunner)):
+            WorkerSide(environment).register(runner)
+        if isinstance(runner, (MasterRunner, LocalRunner)):
+            sides["master"] = master = MasterSide(environment, open_db)
+            master.register(runner)
+
+    def on_test_start(environment, **_kw) -> None:
+        if "master" in sides and isinstance(environment.runner, (MasterRunner, LocalRunner)):
+            sides["master"].ensure_run()
+
+    def on_test_stopping(environment, **_kw) -> None:
+        if "master" in sides:
+            sides["master"].end_run(None)
+
+    def on_test_stop(environment, **_kw) -> None:
+        if isinstance(environment.runner, (WorkerRunner, LocalRunner)):
+            ctx = workers.current_now()
+            if ctx is not None:
+                ctx.recorder.flush(0.3)
+                workers.install(None)
+
+    def on_quitting(environment, **_kw) -> None:
+        # Ctrl-C or SIGTERM: Locust fires quitting before it stops the runner.
+        if "master" in sides:
+            sides["master"].end_run("interrupted")
+            sides["master"].collector.close()
+        workers.install(None)
+
     events.init_command_line_parser.add_listener(add_arguments)
     events.init.add_listener(on_init)
     events.test_start.add_listener(on_test_start)
@@ -33,62 +69,157 @@ def install(events) -> None:
     events.quitting.add_listener(on_quitting)
 
 
-def on_init(environment, **_kw) -> None:
-    global _collector, _env
-    _env = environment
-    runner = environment.runner
-    if runner is None:
-        return
-    if isinstance(runner, (WorkerRunner, LocalRunner)):
-        runner.register_message(coll.RUN_MESSAGE, _on_run)
-        runner.register_message(coll.STAGE_MESSAGE, _on_stage)
-        runner.register_message(coll.OPEN_STAGES_MESSAGE, _on_open_stages)
-        runner.register_message(coll.DRAIN_MESSAGE, _on_drain)
-        runner.register_message(coll.ACK_MESSAGE, _on_ack)
-    if isinstance(runner, (MasterRunner, LocalRunner)):
-        _collector = coll.Collector(environment)
-        runner.register_message(ROWS_MESSAGE, _on_rows)
-        runner.register_message(workers.DRAINED_MESSAGE, _on_drained)
-        runner.register_message(workers.READY_MESSAGE, _on_ready)
+class MasterSide:
+    def __init__(self, environment, open_db=None):
+        self.env = environment
+        self.collector = Collector(environment, open_db)
+        self.driver: StageDriver | None = None
+        self.manual: ManualStages | None = None
+        # The profile's shape asks this side for its ticks (the web UI may pick another one).
+        shapes = [environment.shape_class, *(environment.available_shape_classes or {}).values()]
+        for shape in shapes:
+            if isinstance(shape, ProfileShape):
+                shape.ticks = self.shape_tick
 
+    def register(self, runner) -> None:
+        runner.register_message(messages.ROWS, self._on_rows)
+        runner.register_message(messages.DRAINED, self._on_drained)
+        runner.register_message(messages.READY, self._on_ready)
 
-# ---- master side ----------------------------------------------------------------------------
-def _ensure_run() -> bool:
-    """Start the run record once per test (from the first shape tick or from test_start)."""
-    global _driver, _manual
-    c = _collector
-    if c is None:
-        return False
-    if c.active:
+    def _on_rows(self, environment, msg, **_kw) -> None:
+        self.collector.on_rows(msg.node_id, msg.data)
+
+    def _on_drained(self, environment, msg, **_kw) -> None:
+        self.collector.on_drained(msg.node_id, msg.data)
+
+    def _on_ready(self, environment, msg, **_kw) -> None:
+        self.collector.on_ready(msg.node_id, msg.data)
+
+    def ensure_run(self) -> bool:
+        """Start the run record once per test (from the first shape tick or from test_start)."""
+        from servelab.profiles import load_profile
+        from servelab.profiles.planner import RequestPlanner
+
+        c, env = self.collector, self.env
+        if c.active:
+            return True
+        try:
+            settings = settings_from(env.parsed_options)
+            if not settings.profile:
+                raise ServelabError("--profile is required (a traffic profile YAML, e.g. "
+                                    "traffic_profiles/smoke.yaml)")
+            profile = load_profile(settings.profile)
+            shaped = isinstance(env.shape_class, ProfileShape)
+            c.start_run(settings, profile, shaped)
+            freeze_heap()
+        except ServelabError as exc:
+            self._fail(str(exc))
+            return False
+        _set_connect_timeout(settings)
+        if shaped:
+            stages = RequestPlanner(profile, c.record.seed).stages()
+            self.driver = StageDriver(c, env.runner, stages, LLMUser, OpenLoopUser)
+            self.manual = None
+        else:
+            self.driver = None
+            self.manual = ManualStages(c, env.runner)
         return True
-    env = _env
-    from servelab.loadgen.shapes import ManualStages, ProfileShape, StageDriver
-    from servelab.loadgen.users import LLMUser, OpenLoopUser
-    from servelab.profiles import load_profile
-    from servelab.profiles.planner import RequestPlanner
 
-    try:
-        settings = settings_from(env.parsed_options)
-        if not settings.profile:
-            raise ServelabError("--profile is required (a traffic profile YAML, e.g. "
-                                "traffic_profiles/smoke.yaml)")
-        profile = load_profile(settings.profile)
-        shaped = isinstance(env.shape_class, ProfileShape)
-        c.start_run(settings, profile, shaped)
-        freeze_heap()
-    except ServelabError as exc:
-        _fail(str(exc))
-        return False
-    LLMUser.connection_timeout = settings.timeouts.connect_s
-    OpenLoopUser.connection_timeout = settings.timeouts.connect_s
-    if shaped:
-        stages = RequestPlanner(profile, c.seed).stages()
-        _driver = StageDriver(c, env.runner, stages, LLMUser, OpenLoopUser)
-        _manual = None
-    else:
-        _driver = None
-        _manual = ManualStages(c, env.runner)
-    return True
+    def shape_tick(self):
+        if not self.ensure_run() or self.driver is None:
+            return None
+        return self.driver.tick()
+
+    def end_run(self, status: str | None) -> None:
+        """Close the current stage, drain the workers and write the final record (once).
+        ``status`` None: completed if the shape ran to its end, else interrupted."""
+        c = self.collector
+        if not c.active:
+            return
+        if status is None:
+            status = "completed" if self.driver is None or self.driver.finished else "interrupted"
+        if self.driver is not None:
+            self.driver.stop()
+        if self.manual is not None:
+            self.manual.stop()
+        c.drain_and_finish(status)
+
+    def _fail(self, message: str) -> None:
+        log.error("servelab: %s", message)
+        print(f"servelab: {message}", flush=True)
+        self.env.process_exit_code = 2
+        if self.env.runner is not None:
+            gevent.spawn_later(0.1, self.env.runner.quit)
+
+
+class WorkerSide:
+    def __init__(self, environment):
+        self.env = environment
+
+    def register(self, runner) -> None:
+        runner.register_message(messages.RUN, self._on_run)
+        runner.register_message(messages.STAGE, self._on_stage)
+        runner.register_message(messages.OPEN_STAGES, self._on_open_stages)
+        runner.register_message(messages.DRAIN, self._on_drain)
+        runner.register_message(messages.ACK, self._on_ack)
+
+    def _on_run(self, environment, msg, **_kw) -> None:
+        workers.install(None)
+        gevent.spawn(self._build_context, msg.data)
+
+    def _build_context(self, run: dict) -> None:
+        s = dict(run["settings"])
+        s["timeouts"] = Timeouts(**s["timeouts"])
+        settings = Settings(**s)
+        _set_connect_timeout(settings)
+        runner = self.env.runner
+        try:
+            ctx = workers.WorkerContext(self.env, settings, run, report_request)
+            ctx.warm_up()
+            freeze_heap()
+        except Exception as exc:  # noqa: BLE001 - reported to the master, which notes it
+            log.exception("servelab: this worker cannot take part in run %s: %s",
+                          run["run_id"], exc)
+            runner.send_message(messages.READY, {"run_id": run["run_id"], "worker": None,
+                                                 "error": f"{type(exc).__name__}: {exc}"})
+            return
+        workers.install(ctx)
+        runner.send_message(messages.READY, {"run_id": run["run_id"], "worker": ctx.worker,
+                                             "error": None})
+
+    @staticmethod
+    def _with_context(fn, run_id: str | None) -> None:
+        ctx = workers.current(WORKERS_READY_S)
+        if ctx is None or (run_id is not None and ctx.run_id != run_id):
+            return
+        fn(ctx)
+
+    def _on_stage(self, environment, msg, **_kw) -> None:
+        ctx = workers.current_now()
+        if ctx is not None:
+            ctx.set_stage(msg.data)
+        else:
+            gevent.spawn(self._with_context, lambda c: c.set_stage(msg.data), None)
+
+    def _on_open_stages(self, environment, msg, **_kw) -> None:
+        gevent.spawn(self._with_context, lambda c: c.announce_open_stages(msg.data["stages"]),
+                     msg.data["run_id"])
+
+    def _on_drain(self, environment, msg, **_kw) -> None:
+        def drain(ctx):
+            report = ctx.drain(msg.data["timeout_s"])
+            self.env.runner.send_message(messages.DRAINED, report)
+
+        gevent.spawn(self._with_context, drain, msg.data["run_id"])
+
+    def _on_ack(self, environment, msg, **_kw) -> None:
+        ctx = workers.current_now()
+        if ctx is not None and ctx.run_id == msg.data["run_id"]:
+            ctx.recorder.acked(msg.data["batch"])
+
+
+def _set_connect_timeout(settings: Settings) -> None:
+    StreamingUser.connection_timeout = settings.timeouts.connect_s
 
 
 def _cache_locust_defaults() -> None:
@@ -112,135 +243,3 @@ def freeze_heap() -> None:
     """
     gc.collect()
     gc.freeze()
-
-
-def _fail(message: str) -> None:
-    log.error("servelab: %s", message)
-    print(f"servelab: {message}", flush=True)
-    if _env is not None:
-        _env.process_exit_code = 2
-        if _env.runner is not None:
-            gevent.spawn_later(0.1, _env.runner.quit)
-
-
-def shape_tick():
-    if not _ensure_run() or _driver is None:
-        return None
-    return _driver.tick()
-
-
-def on_test_start(environment, **_kw) -> None:
-    if isinstance(environment.runner, (MasterRunner, LocalRunner)):
-        _ensure_run()
-
-
-def on_test_stopping(environment, **_kw) -> None:
-    _end_run("completed" if _driver is None or _driver.finished else "interrupted")
-
-
-def _end_run(status: str) -> None:
-    """Close the current stage, drain the workers and write the final record (once)."""
-    c = _collector
-    if c is None or not c.active:
-        return
-    if _driver is not None:
-        _driver.stop()
-    if _manual is not None:
-        _manual.stop()
-    c.drain_and_finish(status)
-
-
-def on_test_stop(environment, **_kw) -> None:
-    if isinstance(environment.runner, (WorkerRunner, LocalRunner)):
-        ctx = workers._current
-        if ctx is not None:
-            ctx.recorder.flush(0.3)
-            workers.install(None)
-
-
-def on_quitting(environment, **_kw) -> None:
-    # Ctrl-C or SIGTERM: Locust fires quitting before it stops the runner.
-    _end_run("interrupted")
-    if _collector is not None:
-        _collector.close()
-    if workers._current is not None:
-        workers.install(None)
-
-
-def _on_rows(environment, msg, **_kw) -> None:
-    if _collector is not None:
-        _collector.on_rows(msg.node_id, msg.data)
-
-
-def _on_ready(environment, msg, **_kw) -> None:
-    if _collector is not None:
-        _collector.on_ready(msg.node_id, msg.data)
-
-
-def _on_drained(environment, msg, **_kw) -> None:
-    if _collector is not None:
-        _collector.on_drained(msg.node_id, msg.data)
-
-
-# ---- worker side ----------------------------------------------------------------------------
-def _on_run(environment, msg, **_kw) -> None:
-    run = msg.data
-    workers.install(None)
-    gevent.spawn(_build_context, environment, run)
-
-
-def _build_context(environment, run: dict) -> None:
-    from servelab.loadgen.options import Timeouts
-    from servelab.loadgen.users import LLMUser, OpenLoopUser
-
-    s = dict(run["settings"])
-    s["timeouts"] = Timeouts(**s["timeouts"])
-    settings = Settings(**s)
-    LLMUser.connection_timeout = settings.timeouts.connect_s
-    OpenLoopUser.connection_timeout = settings.timeouts.connect_s
-    try:
-        ctx = workers.WorkerContext(environment, settings, run)
-        ctx.warm_up()
-        freeze_heap()
-    except Exception as exc:  # noqa: BLE001 - reported to the master, which notes it
-        log.exception("servelab: this worker cannot take part in run %s: %s", run["run_id"], exc)
-        environment.runner.send_message(workers.READY_MESSAGE, {
-            "run_id": run["run_id"], "worker": None, "error": f"{type(exc).__name__}: {exc}"})
-        return
-    workers.install(ctx)
-    environment.runner.send_message(workers.READY_MESSAGE, {"run_id": run["run_id"],
-                                                            "worker": ctx.worker, "error": None})
-
-
-def _with_context(fn, run_id: str | None):
-    ctx = workers.current(120.0)
-    if ctx is None or (run_id is not None and ctx.run_id != run_id):
-        return
-    fn(ctx)
-
-
-def _on_stage(environment, msg, **_kw) -> None:
-    ctx = workers._current
-    if ctx is not None and workers._ready.is_set():
-        ctx.set_stage(msg.data)
-    else:
-        gevent.spawn(_with_context, lambda c: c.set_stage(msg.data), None)
-
-
-def _on_open_stages(environment, msg, **_kw) -> None:
-    gevent.spawn(_with_context, lambda c: c.announce_open_stages(msg.data["stages"]),
-                 msg.data["run_id"])
-
-
-def _on_drain(environment, msg, **_kw) -> None:
-    def drain(ctx):
-        report = ctx.drain(msg.data["timeout_s"])
-        environment.runner.send_message(workers.DRAINED_MESSAGE, report)
-
-    gevent.spawn(_with_context, drain, msg.data["run_id"])
-
-
-def _on_ack(environment, msg, **_kw) -> None:
-    ctx = workers._current
-    if ctx is not None and ctx.run_id == msg.data["run_id"]:
-        ctx.recorder.acked(msg.data["batch"])

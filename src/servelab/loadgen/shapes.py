@@ -9,8 +9,8 @@
   dispatches its share of the arrivals on that schedule.
 
 Each stage's start, reached, measured window and end go to the ``stages`` table as they happen;
-the run ends with servelab's drain (see ``Collector.drain_and_finish``), then ``tick`` returns
-None and Locust stops.
+the run ends with servelab's drain (see ``master.collector.Collector.drain_and_finish``), then
+``tick`` returns None and Locust stops.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ class StageDriver:
     def tick(self):
         if self.finished:
             return None
-        if self.collector._draining or not self.collector.active:
+        if self.collector.draining or not self.collector.active:
             return self.value
         if self.index < 0 and not self._open:
             # The first stage waits for every worker's run context (profile, prompt builder),
@@ -107,7 +107,7 @@ class StageDriver:
         if plan.kind == "concurrency":
             self.current["measure_start_unix"] = reached + plan.warmup_s
             self.current["measure_end_unix"] = reached + plan.warmup_s + plan.hold_s
-        self.collector.stage_update(self.current)
+        self.collector.stage_begin(self.current)
 
     # ---- open loop ------------------------------------------------------------------------
     def _tick_open(self, now: float):
@@ -155,14 +155,14 @@ class StageDriver:
         cur = self.current
         if cur is not None and not self.finished:
             if cur.get("measure_end_unix") is not None and cur["measure_end_unix"] > now:
-                self.collector.stage_update(dict(cur, measure_end_unix=max(
+                self.collector.stage_begin(dict(cur, measure_end_unix=max(
                     now, cur["measure_start_unix"])))
             self.collector.stage_end(cur["stage"], now)
         for st in self._open:
             if st.get("_begun") and not st.get("_ended"):
                 st["_ended"] = True
                 if st["measure_end_unix"] > now:
-                    self.collector.stage_update(dict(
+                    self.collector.stage_begin(dict(
                         {k: v for k, v in st.items() if not k.startswith("_")},
                         measure_end_unix=max(now, st["measure_start_unix"])))
                 self.collector.stage_end(st["stage"], min(now, st["end_unix"]))
@@ -188,7 +188,7 @@ class ManualStages:
                 target = want
                 if self.current is not None:
                     if self.current.get("measure_start_unix") is not None:
-                        self.collector.stage_update(dict(self.current, measure_end_unix=now))
+                        self.collector.stage_begin(dict(self.current, measure_end_unix=now))
                     self.collector.stage_end(self.current["stage"], now)
                 self.index += 1
                 self.current = {"stage": self.index, "kind": "ramp", "level": float(want),
@@ -201,7 +201,7 @@ class ManualStages:
                     self.runner.user_count == target:
                 self.current = dict(cur, reached_unix=now, measure_start_unix=now,
                                     measure_end_unix=None)
-                self.collector.stage_update(self.current)
+                self.collector.stage_begin(self.current)
             gevent.sleep(0.25)
 
     def stop(self) -> None:
@@ -210,16 +210,17 @@ class ManualStages:
             now = time.time()
             if self.current.get("measure_start_unix") is not None:
                 self.current = dict(self.current, measure_end_unix=now)
-                self.collector.stage_update(self.current)
+                self.collector.stage_begin(self.current)
             self.collector.stage_end(self.current["stage"], now)
 
 
 class ProfileShape(LoadTestShape):
-    """The profile's load plan (``--profile``); see the module docstring."""
+    """The profile's load plan (``--profile``); see the module docstring.
 
-    driver: StageDriver | None = None
+    ``ticks`` is handed to the shape by the plugin when Locust starts (``plugin.MasterSide``):
+    it starts the run on the first tick and answers with its ``StageDriver``'s tick."""
+
+    ticks = None
 
     def tick(self):
-        from servelab.loadgen import plugin
-
-        return plugin.shape_tick()
+        return self.ticks() if self.ticks is not None else None

@@ -12,22 +12,30 @@ import logging
 
 import gevent
 from locust import FastHttpUser, constant, task
+from locust.contrib.fasthttp import FastResponse
+from locust.exception import CatchResponseError
 
-from servelab.loadgen import worker as workers
+from servelab.core.timeouts import REQUEST
+from servelab.loadgen.worker import context as workers
 
 log = logging.getLogger("servelab.loadgen")
 
 
-class LLMUser(FastHttpUser):
+class StreamingUser(FastHttpUser):
+    """What both users share: no wait, and no socket timeout (timeouts are the watchdog's: a
+    socket timeout would arm a timer on every read). The plugin sets ``connection_timeout``
+    from ``--timeout-connect``."""
+    abstract = True
     wait_time = constant(0)
-    # One stream at a time per closed-loop user; timeouts are the watchdog's (a socket timeout
-    # would arm a timer on every read).
-    concurrency = 1
     network_timeout = None
-    connection_timeout = 10.0
+    connection_timeout = REQUEST.connect
 
     def on_start(self) -> None:
         workers.prepare_user_client(self.client)
+
+
+class LLMUser(StreamingUser):
+    concurrency = 1   # one stream at a time per closed-loop user
 
     @task
     def next_item(self) -> None:
@@ -39,16 +47,10 @@ class LLMUser(FastHttpUser):
         ctx.closed_loop_item(self.client)
 
 
-class OpenLoopUser(FastHttpUser):
-    wait_time = constant(0)
+class OpenLoopUser(StreamingUser):
     # The dispatcher's requests share this user's connection pool; its size is no cap (the
     # stage's max_in_flight is), so it is set large.
     concurrency = 100_000
-    network_timeout = None
-    connection_timeout = 10.0
-
-    def on_start(self) -> None:
-        workers.prepare_user_client(self.client)
 
     @task
     def dispatch(self) -> None:
@@ -61,3 +63,16 @@ class OpenLoopUser(FastHttpUser):
             return
         loop.client = self.client
         loop.run()
+
+
+def report_request(session, name: str, e2e_ms: float, output_tokens: int, failure: str | None,
+                   raw, start_time: float, url: str) -> None:
+    """The client's report of one attempt as Locust's request event: name = the profile's
+    class, response_time = E2E in ms (not time-to-headers), response_length = output tokens."""
+    user = session.user
+    session.request_event.fire(
+        request_type="POST", name=name, response_time=e2e_ms, response_length=output_tokens,
+        exception=CatchResponseError(failure) if failure is not None else None,
+        context=user.context() if user is not None else {},
+        response=FastResponse(raw) if raw is not None else None, start_time=start_time,
+        url=url)

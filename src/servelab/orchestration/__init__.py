@@ -1,4 +1,5 @@
-"""Orchestration: bring server variants up (simulator, ``vllm serve``, Docker Compose, a given
-URL), check them before (preflight) and after start-up (verify), run the variant matrix, predict
-runs in virtual time and compare greedy outputs (fidelity). Each module is small and uses the
-layers below it: specs, the simulator engine, the store, the load generator and the analysis."""
+"""Orchestration: running things. ``runner`` supervises one ``servelab run`` (simulator child,
+Locust master and workers, progress); ``backends`` brings server variants up (simulator,
+``vllm serve``, Docker Compose, a given URL); ``preflight`` and ``verify`` check them before and after
+start-up; ``matrix`` runs variants through the runner and compares them in-process; ``predict``
+runs a profile in virtual time; ``fidelity`` compares greedy outputs. Commands stay thin above it."""

@@ -1,10 +1,12 @@
 """``docker-compose.yml`` is generated from ``servers/variants/`` so the two can never drift.
 
 With no profile, Compose starts the simulator, a Locust master (web UI on 8089) and a worker, all on
-the servelab image built from this repository. Each vLLM variant is a profile of the same name:
-the official vLLM image with the variant's exact ``vllm serve`` arguments, NVIDIA GPU reservations,
-a shared Hugging Face cache, a /health healthcheck, and a load generator that waits for it to be
-healthy. ``two_instances`` adds nginx balancing by least connections.
+the servelab image built from this repository. Each variant is a profile of the same name: its
+server kind's image (vLLM's official one) with the variant's exact arguments, NVIDIA GPU
+reservations, a shared Hugging Face cache, a health check, and a load generator that waits for it
+to be healthy. ``two_instances`` adds nginx balancing by least connections. Blocks that recur
+(the health check, the servelab image, a kind's server block, a GPU reservation) are written once
+as ``x-`` fields with anchors and aliased into each service.
 """
 from __future__ import annotations
 
@@ -14,12 +16,13 @@ from pathlib import Path
 import yaml
 
 from servelab.core.paths import project_root
+from servelab.specs.server_kinds import ServerKind
 from servelab.specs.variants import Variant, load_all
 
-VLLM_IMAGE = "${VLLM_IMAGE:-vllm/vllm-openai:v0.28.0}"
 NGINX_IMAGE = "nginx:1.27-alpine"
 SERVELAB_IMAGE = "servelab:local"
-VLLM_PORT = 8000
+VLLM_PORT = 8000          # where every server and the simulator listen inside their container
+PORT_ENV = "VLLM_PORT"    # the host port of the variant's entry service
 RESULTS_DB = "/results/servelab.duckdb"
 HF_CACHE = "/root/.cache/huggingface"
 HEADER = """\
@@ -39,7 +42,7 @@ HEADER = """\
 
 def service_name(variant: Variant, instance: int | None = None) -> str:
     # Service names double as host names: keep them DNS-safe (no underscores).
-    base = "vllm-" + variant.name.replace("_", "-")
+    base = f"{variant.server}-" + variant.name.replace("_", "-")
     return base if instance is None else f"{base}-{instance}"
 
 
@@ -63,38 +66,81 @@ def entry_service(variant: Variant) -> str:
     return service_name(variant) if variant.instances == 1 else balancer_name(variant)
 
 
-def _python_health(url: str) -> dict:
+class _Merge(str):
+    """The YAML merge key ``<<``: written plain, so Compose merges the aliased block in."""
+
+
+class _Blocks:
+    """The repeated blocks, each written once as an ``x-`` field with an anchor and aliased
+    wherever it recurs (one object in Python: PyYAML anchors what it meets twice)."""
+
+    def __init__(self) -> None:
+        self.fields: dict[str, dict] = {}   # x-name -> block, in first-use order
+
+    def get(self, name: str, make) -> dict:
+        if name not in self.fields:
+            self.fields[name] = make()
+        return self.fields[name]
+
+    def merged(self, name: str, make, **own) -> dict:
+        """``{<<: *name, own...}``: the block plus this service's own keys."""
+        return {_Merge("<<"): self.get(name, make), **own}
+
+
+def _python_health(path: str = "/health") -> dict:
     return {"test": ["CMD", "python3", "-c",
-                     f"import urllib.request; urllib.request.urlopen('{url}', timeout=4)"],
+                     f"import urllib.request; urllib.request.urlopen("
+                     f"'http://127.0.0.1:{VLLM_PORT}{path}', timeout=4)"],
             "interval": "10s", "timeout": "5s", "retries": 6}
 
 
-def _vllm_service(variant: Variant, instance: int | None) -> dict:
-    model = f"${{{variant.model_env}:-{variant.default_model}}}" if variant.model_env \
-        else variant.default_model
-    if instance is None:
-        device = {"driver": "nvidia", "count": variant.gpus_per_instance, "capabilities": ["gpu"]}
-    else:
-        # `count` would hand every instance the same first GPUs; pin each one to its own.
-        first = instance * variant.gpus_per_instance
-        ids = [str(first + i) for i in range(variant.gpus_per_instance)]
-        device = {"driver": "nvidia", "device_ids": ids, "capabilities": ["gpu"]}
-    service = {
-        "image": VLLM_IMAGE,
-        "profiles": [variant.name],
-        # The image's entrypoint is `vllm serve`: the command starts with the model.
-        "command": [model, *variant.serve_args, "--host", "0.0.0.0", "--port", str(VLLM_PORT)],
+def _servelab_image() -> dict:
+    # Every service on the servelab image can build it, so starting any subset of services
+    # (`docker compose --profile fp8 up loadgen-fp8`) never tries to pull a local-only image.
+    return {"build": {"context": ".", "dockerfile": "docker/Dockerfile"}, "image": SERVELAB_IMAGE}
+
+
+def _server_block(kind: ServerKind, blocks: _Blocks) -> dict:
+    """What every service of one server kind shares."""
+    return {
+        "image": kind.image,
         # Dev mode serves POST /reset_prefix_cache, which the matrix calls between runs.
-        "environment": {"HF_TOKEN": "${HF_TOKEN:-}", "VLLM_SERVER_DEV_MODE": "1"},
+        "environment": {"HF_TOKEN": "${HF_TOKEN:-}", **kind.dev_env},
         "volumes": [f"hf-cache:{HF_CACHE}"],
         "ipc": "host",  # PyTorch's shared memory between TP/DP workers
-        "deploy": {"resources": {"reservations": {"devices": [device]}}},
-        "healthcheck": {**_python_health(f"http://127.0.0.1:{VLLM_PORT}/health"),
-                        # model download, load and CUDA graph capture come first
-                        "start_period": "30m"},
+        # model download, load and CUDA graph capture come first
+        "healthcheck": blocks.merged("x-python-health", _python_health, start_period="30m")
+        if kind.health_path == "/health" else {**_python_health(kind.health_path),
+                                                "start_period": "30m"},
     }
+
+
+def _gpus(count: int | None = None, ids: list[str] | None = None) -> dict:
+    device = {"driver": "nvidia", **({"count": count} if ids is None else {"device_ids": ids}),
+              "capabilities": ["gpu"]}
+    return {"resources": {"reservations": {"devices": [device]}}}
+
+
+def _server_service(variant: Variant, instance: int | None, blocks: _Blocks) -> dict:
+    kind = variant.kind
+    model = f"${{{variant.model_env}:-{variant.default_model}}}" if variant.model_env \
+        else variant.default_model
+    # Anchors must come before their aliases: the server block (first use) precedes x-gpus-N.
+    blocks.get(f"x-{kind.name}-server", lambda: _server_block(kind, blocks))
+    n = variant.gpus_per_instance
     if instance is None:
-        service["ports"] = [f"${{VLLM_PORT:-{VLLM_PORT}}}:{VLLM_PORT}"]
+        deploy = blocks.get(f"x-gpus-{n}", lambda: _gpus(count=n))
+    else:
+        # `count` would hand every instance the same first GPUs; pin each one to its own.
+        deploy = _gpus(ids=[str(instance * n + i) for i in range(n)])
+    service = blocks.merged(
+        f"x-{kind.name}-server", lambda: _server_block(kind, blocks),
+        profiles=[variant.name],
+        # The image's entrypoint runs the kind's command (`vllm serve`): the model comes first.
+        command=kind.container_command(model, variant.serve_args, VLLM_PORT),
+        deploy=deploy)
+    if instance is None:
+        service["ports"] = [f"${{{PORT_ENV}:-{VLLM_PORT}}}:{VLLM_PORT}"]
     return service
 
 
@@ -104,77 +150,92 @@ def _balancer_service(variant: Variant) -> dict:
         "image": NGINX_IMAGE,
         "profiles": [variant.name],
         "volumes": [f"{conf}:/etc/nginx/conf.d/default.conf:ro"],
-        "ports": [f"${{VLLM_PORT:-{VLLM_PORT}}}:{VLLM_PORT}"],
+        "ports": [f"${{{PORT_ENV}:-{VLLM_PORT}}}:{VLLM_PORT}"],
         "depends_on": {service_name(variant, i): {"condition": "service_healthy"}
                        for i in range(variant.instances)},
         "healthcheck": {"test": ["CMD", "wget", "-q", "-O", "/dev/null",
-                                 f"http://127.0.0.1:{VLLM_PORT}/health"],
+                                 f"http://127.0.0.1:{VLLM_PORT}{variant.kind.health_path}"],
                         "interval": "10s", "timeout": "5s", "retries": 6},
     }
 
 
-def _servelab_image() -> dict:
-    # Every service on the servelab image can build it, so starting any subset of services
-    # (`docker compose --profile fp8 up loadgen-fp8`) never tries to pull a local-only image.
-    return {"build": {"context": ".", "dockerfile": "docker/Dockerfile"}, "image": SERVELAB_IMAGE}
-
-
-def _loadgen_service(variant: Variant) -> dict:
+def _loadgen_service(variant: Variant, blocks: _Blocks) -> dict:
     entry = entry_service(variant)
-    return {
-        **_servelab_image(),
-        "profiles": [variant.name],
-        "command": ["servelab", "run", "--profile",
-                    "${SERVELAB_PROFILE:-traffic_profiles/quant_sweep.yaml}",
-                    "--target", f"http://{entry}:{VLLM_PORT}", "--variant", variant.name,
-                    "--db", RESULTS_DB],
-        "volumes": ["results:/results"],
-        "depends_on": {entry: {"condition": "service_healthy"}},
-    }
+    return blocks.merged(
+        "x-servelab-image", _servelab_image,
+        profiles=[variant.name],
+        command=["servelab", "run", "--profile",
+                 "${SERVELAB_PROFILE:-traffic_profiles/quant_sweep.yaml}",
+                 "--target", f"http://{entry}:{VLLM_PORT}", "--variant", variant.name,
+                 "--db", RESULTS_DB],
+        volumes=["results:/results"],
+        depends_on={entry: {"condition": "service_healthy"}})
 
 
-def _default_services() -> dict:
+def _default_services(blocks: _Blocks) -> dict:
     locust = ["locust", "-f", "loadtests/locustfile.py",
               "--profile", "${SERVELAB_PROFILE:-traffic_profiles/chat.yaml}"]
+    image = "x-servelab-image"
     return {
-        "sim": {
-            **_servelab_image(),
-            "command": ["servelab", "sim", "--variant", "${SIM_VARIANT:-bf16}",
-                        "--hardware", "${SIM_HARDWARE:-L40S}",
-                        "--host", "0.0.0.0", "--port", str(VLLM_PORT)],
-            "ports": [f"${{SIM_PORT:-8001}}:{VLLM_PORT}"],
-            "healthcheck": {**_python_health(f"http://127.0.0.1:{VLLM_PORT}/health"),
-                            "start_period": "20s"},
-        },
-        "locust-master": {
-            **_servelab_image(),
-            "command": [*locust, "--master", "--host", f"http://sim:{VLLM_PORT}",
-                        "--db", RESULTS_DB, "--web-port", "8089"],
-            "ports": ["8089:8089"],
-            "volumes": ["results:/results"],
-            "depends_on": {"sim": {"condition": "service_healthy"}},
-        },
+        "sim": blocks.merged(
+            image, _servelab_image,
+            command=["servelab", "sim", "--variant", "${SIM_VARIANT:-bf16}",
+                     "--hardware", "${SIM_HARDWARE:-L40S}",
+                     "--host", "0.0.0.0", "--port", str(VLLM_PORT)],
+            ports=[f"${{SIM_PORT:-8001}}:{VLLM_PORT}"],
+            healthcheck=blocks.merged("x-python-health", _python_health, start_period="20s")),
+        "locust-master": blocks.merged(
+            image, _servelab_image,
+            command=[*locust, "--master", "--host", f"http://sim:{VLLM_PORT}",
+                     "--db", RESULTS_DB, "--web-port", "8089"],
+            ports=["8089:8089"], volumes=["results:/results"],
+            depends_on={"sim": {"condition": "service_healthy"}}),
         # No container_name and no host ports, so `--scale locust-worker=N` works.
-        "locust-worker": {
-            **_servelab_image(),
-            "command": [*locust, "--worker", "--master-host", "locust-master"],
-            "depends_on": {"locust-master": {"condition": "service_started"}},
-        },
+        "locust-worker": blocks.merged(
+            image, _servelab_image,
+            command=[*locust, "--worker", "--master-host", "locust-master"],
+            depends_on={"locust-master": {"condition": "service_started"}}),
     }
 
 
 def build_compose(variants: list[Variant]) -> dict:
-    services = _default_services()
+    """The Compose document, its repeated blocks shared (``x-`` fields) for ``render``."""
+    blocks = _Blocks()
+    services = _default_services(blocks)
     for variant in variants:
         if variant.instances == 1:
-            services[service_name(variant)] = _vllm_service(variant, None)
+            services[service_name(variant)] = _server_service(variant, None, blocks)
         else:
             for i in range(variant.instances):
-                services[service_name(variant, i)] = _vllm_service(variant, i)
+                services[service_name(variant, i)] = _server_service(variant, i, blocks)
             services[balancer_name(variant)] = _balancer_service(variant)
-        services[loadgen_name(variant)] = _loadgen_service(variant)
-    return {"name": "servelab", "services": services,
+        services[loadgen_name(variant)] = _loadgen_service(variant, blocks)
+    return {"name": "servelab", **blocks.fields, "services": services,
             "volumes": {"results": {}, "hf-cache": {}}}
+
+
+class _Dumper(yaml.SafeDumper):
+    """Names each anchor after its ``x-`` field and writes ``<<`` as a merge key."""
+
+    anchor_names: dict[int, str] = {}
+
+    def generate_anchor(self, node):
+        for obj_id, named in self.represented_objects.items():
+            if named is node and obj_id in self.anchor_names:
+                return self.anchor_names[obj_id]
+        return super().generate_anchor(node)
+
+
+_Dumper.add_representer(
+    _Merge, lambda dumper, data: dumper.represent_scalar("tag:yaml.org,2002:merge", "<<"))
+
+
+def dump(document: dict) -> str:
+    dumper = type("_NamedDumper", (_Dumper,), {"anchor_names": {
+        id(block): name.removeprefix("x-") for name, block in document.items()
+        if name.startswith("x-")}})
+    return yaml.dump(document, Dumper=dumper, sort_keys=False, default_flow_style=False,
+                     width=100)
 
 
 def nginx_config(variant: Variant) -> str:
@@ -218,22 +279,25 @@ server {{
 
 def render(variants: list[Variant]) -> dict[str, str]:
     """Every generated file, relative to the project root, with its text."""
-    body = yaml.safe_dump(build_compose(variants), sort_keys=False, default_flow_style=False,
-                          width=100)
-    files = {"docker-compose.yml": HEADER + "\n" + body}
+    files = {"docker-compose.yml": HEADER + "\n" + dump(build_compose(variants))}
     for variant in variants:
         if variant.instances > 1:
             files[f"docker/nginx/{variant.name}.conf"] = nginx_config(variant)
     return files
 
 
+def _on_disk(root: Path) -> list[tuple[str, Path, str, str | None]]:
+    """(relative path, path, generated text, text on disk or None) for every generated file."""
+    return [(rel, root / rel, text,
+             (root / rel).read_text(encoding="utf-8") if (root / rel).is_file() else None)
+            for rel, text in render(load_all(root / "servers" / "variants")).items()]
+
+
 def generate(root: Path | None = None) -> list[Path]:
-    root = root or project_root()
     written = []
-    for rel, text in render(load_all(root / "servers" / "variants")).items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+    for _, path, text, current in _on_disk(root or project_root()):
+        if current != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
             written.append(path)
     return written
@@ -242,17 +306,15 @@ def generate(root: Path | None = None) -> list[Path]:
 def check(root: Path | None = None) -> list[str]:
     """Differences between the generated files and those on disk, as unified diffs (empty: none)."""
     root = root or project_root()
+    files = _on_disk(root)
     problems = []
-    for rel, text in render(load_all(root / "servers" / "variants")).items():
-        path = root / rel
-        current = path.read_text(encoding="utf-8") if path.is_file() else ""
+    for rel, _, text, current in files:
         if current != text:
-            diff = difflib.unified_diff(current.splitlines(True), text.splitlines(True),
+            diff = difflib.unified_diff((current or "").splitlines(True), text.splitlines(True),
                                         f"{rel} (on disk)", f"{rel} (generated)", n=1)
             problems.append("".join(diff) or f"{rel}: missing")
     nginx_dir = root / "docker" / "nginx"
-    expected = {Path(rel).name for rel in render(load_all(root / "servers" / "variants"))
-                if rel.startswith("docker/nginx/")}
+    expected = {Path(rel).name for rel, *_ in files if rel.startswith("docker/nginx/")}
     for stale in sorted(nginx_dir.glob("*.conf")) if nginx_dir.is_dir() else []:
         if stale.name not in expected:
             problems.append(f"docker/nginx/{stale.name}: no variant with instances > 1 uses it; "

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from servelab.core.errors import ServelabError
 from servelab.core.paths import project_root
+from servelab.core.timeouts import HTTP_PROBE_S, REQUEST, SERVER_STARTUP_S
 
 DEFAULT_PROMPTS = "fidelity/prompts.jsonl"
 PROMPT_KEYS = {"id", "category", "prompt", "max_tokens"}
@@ -106,7 +107,7 @@ def _post(url: str, body: dict, timeout: float) -> dict:
         raise RuntimeError(f"HTTP {exc.code}: {detail}") from None
 
 
-def served_model(url: str, timeout: float = 10.0) -> str:
+def served_model(url: str, timeout: float = HTTP_PROBE_S) -> str:
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout) as resp:
             return json.loads(resp.read())["data"][0]["id"]
@@ -133,8 +134,9 @@ def _one(url: str, model: str, prompt: Prompt, seed: int, timeout: float) -> Out
 
 
 def collect(url: str, prompts: list[Prompt], seed: int = 0, parallel: int = 8,
-            timeout: float = 300.0) -> dict[str, Output]:
-    """Greedy outputs of one server for every prompt, keyed by prompt id."""
+            timeout: float = REQUEST.first_token) -> dict[str, Output]:
+    """Greedy outputs of one server for every prompt, keyed by prompt id. A reply is not
+    streamed, so its first byte comes when it is complete: the first-token limit bounds it."""
     model = served_model(url)
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         outputs = list(pool.map(lambda p: _one(url, model, p, seed, timeout), prompts))
@@ -171,6 +173,43 @@ def summarize(rows: list[Comparison]) -> dict:
             "mean_first_divergence": sum(differ) / len(differ) if differ else None,
             "mean_similarity": sum(r.similarity for r in rows) / len(rows) if rows else None,
             "errors": sum(1 for r in rows if r.baseline.error or r.candidate.error)}
+
+
+def collect_from_variants(backend: str, variants: list, prompts: list[Prompt], logs: Path, *,
+                         hardware: str | None = None, url: str | None = None,
+                         startup_timeout_s: float = SERVER_STARTUP_S, seed: int = 0,
+                         parallel: int = 8) -> dict[str, dict[str, Output]]:
+    """Each variant's server in turn (started, asked, stopped): its greedy outputs by name."""
+    from servelab.orchestration import backends
+
+    outputs = {}
+    for variant in variants:
+        server = backends.start_server(backend, variant, logs, hardware=hardware, url=url,
+                                       suffix="-fidelity")
+        try:
+            backends.wait_healthy(server, startup_timeout_s)
+            print(f"{variant.name}: {len(prompts)} greedy outputs from {server.url}", flush=True)
+            outputs[variant.name] = collect(server.url, prompts, seed, parallel)
+        finally:
+            server.stop()
+    return outputs
+
+
+def compare_and_record(db_path: str | Path, prompts: list[Prompt], outputs: dict[str, dict],
+                       baseline: str, *, backend: str, hardware: str | None, prompt_set: str,
+                       seed: int, matrix_id: str | None = None) -> tuple[str, dict[str, dict]]:
+    """Every other variant's outputs against the baseline's, stored under one new fidelity id;
+    returns that id and the summary per candidate."""
+    fidelity_id = new_id()
+    summaries = {}
+    for name, out in outputs.items():
+        if name == baseline:
+            continue
+        rows = compare(prompts, outputs[baseline], out)
+        record(db_path, fidelity_id, baseline, name, rows, backend=backend, hardware=hardware,
+               prompt_set=prompt_set, seed=seed, matrix_id=matrix_id)
+        summaries[name] = summarize(rows)
+    return fidelity_id, summaries
 
 
 def new_id() -> str:

@@ -2,14 +2,14 @@
 
 For each variant (and each repeat): preflight; bring the server up; wait for /health; verify what it
 runs from its log and /metrics; reset the prefix cache where the server allows; run the profile
-with ``servelab run``; record the verdict on the run; stop the server. Optionally collect greedy
-outputs for the fidelity comparison while the server is up. Then the analysis compares the runs and
-writes the report, and ``matrix.md`` puts speed, verification and fidelity side by side.
+through the runner (in this process; Locust gets its own processes there); record the verdict on
+the run; stop the server. Optionally collect greedy outputs for the fidelity comparison while the
+server is up. Then the analysis layer compares the runs and writes the report (in this process
+too), and ``matrix.md`` (matrix_table.py) puts speed, verification and fidelity side by side.
 """
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 import uuid
@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servelab.core.errors import ServelabError
+from servelab.core.timeouts import SERVER_STARTUP_S
 from servelab.orchestration import backends, fidelity
-from servelab.orchestration import preflight as pf
 from servelab.orchestration import verify as vf
+from servelab.orchestration.preflight_sources import matrix_preflight
 from servelab.specs.variants import Variant
 
 
@@ -35,10 +36,10 @@ class MatrixOptions:
     gpus_file: str | None = None
     topology_file: str | None = None
     seed: int | None = None
-    startup_timeout_s: float = 1800.0
+    startup_timeout_s: float = SERVER_STARTUP_S
     force: bool = False
     fidelity_prompts: str | None = None    # collect outputs for fidelity when set
-    run_args: list[str] = field(default_factory=list)  # extra `servelab run` flags
+    run_fields: dict = field(default_factory=dict)  # RunOptions fields from --run-arg flags
     logs: Path | None = None
 
 
@@ -71,53 +72,28 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _preflight(variant: Variant, opt: MatrixOptions) -> pf.PreflightReport | None:
-    from servelab.orchestration.gpus import read_gpus, read_topology
-
-    if opt.backend in ("sim", "predict"):
-        gpus = pf.gpus_from_hardware(opt.hardware, variant.gpus)
-        source, links = f"simulated {opt.hardware}", None
-    elif opt.gpus_file or opt.backend in ("local", "compose"):
-        gpus = read_gpus(opt.gpus_file)
-        source = opt.gpus_file or "nvidia-smi"
-        links = read_topology(opt.topology_file) if opt.topology_file else None
-    else:
-        return None  # external server on unknown hardware: nothing to check against
-    return pf.run_preflight(variant, gpus, source, links, pf.profile_lengths(opt.profile))
-
-
 def _run_profile(entry: Entry, url: str, opt: MatrixOptions, matrix_id: str) -> str:
-    """``servelab run`` against the server, as a child process (Locust patches its process),
-    under a run id the matrix chooses."""
+    """The runner against the server, under a run id the matrix chooses; the ``--run-arg``
+    fields come last, as the extra flags came last on ``servelab run``'s command line."""
+    from servelab.orchestration.runner import RunOptions, run_profile
+
     run_id = f"{matrix_id}-{entry.variant.name}-r{entry.repeat}"
-    command = [sys.executable, "-m", "servelab.cli", "run", "--profile", opt.profile,
-               "--target", url, "--variant", entry.variant.name, "--db", str(opt.db), "--quiet",
-               "--run-id", run_id,
-               "--tag", f"matrix={matrix_id}", "--tag", f"repeat={entry.repeat}",
-               "--tag", f"backend={opt.backend}"]
-    if opt.backend == "sim":
-        command += ["--hardware", opt.hardware]
-    if opt.seed is not None:
-        command += ["--seed", str(opt.seed)]
-    command += opt.run_args
-    done = subprocess.run(command, text=True, capture_output=True)
-    sys.stdout.write(done.stdout)
-    if done.returncode != 0 or not _run_exists(opt.db, run_id):
-        raise ServelabError(f"servelab run for {entry.variant.name} failed ({done.returncode}):\n"
-                            f"{done.stderr.strip()[-1500:]}")
-    return run_id
-
-
-def _run_exists(db: Path, run_id: str) -> bool:
-    import duckdb
-
-    if not Path(db).is_file():
-        return False
-    con = duckdb.connect(str(db), read_only=True)
+    fields = {"profile": opt.profile, "target": url, "variant": entry.variant.name,
+              "db": opt.db, "quiet": True, "run_id": run_id, "seed": opt.seed,
+              "hardware": opt.hardware if opt.backend == "sim" else None,
+              **opt.run_fields,
+              "tags": {"matrix": matrix_id, "repeat": entry.repeat, "backend": opt.backend,
+                       **opt.run_fields.get("tags", {})}}
     try:
-        return con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone() is not None
-    finally:
-        con.close()
+        result = run_profile(RunOptions(**fields))
+    except ServelabError as exc:
+        raise ServelabError(f"servelab run for {entry.variant.name} failed: {exc}") from None
+    if result.interrupted:
+        raise KeyboardInterrupt  # Ctrl-C stops the whole matrix, after this run's record
+    if result.exit_code != 0:
+        raise ServelabError(f"servelab run for {entry.variant.name} failed: the run ended "
+                            f"{result.status}; see {result.logs}")
+    return run_id
 
 
 def _measure(entry: Entry, opt: MatrixOptions, matrix_id: str, report, prompts,
@@ -133,7 +109,8 @@ def _measure(entry: Entry, opt: MatrixOptions, matrix_id: str, report, prompts,
         entry.verdict = vf.verify(variant, log_path=server.log_path, url=server.url,
                                   expected_kv_tokens=report.kv_tokens if report else None)
         _say(entry.verdict.summary())
-        entry.prefix_cache_reset = backends.reset_prefix_cache(server.url)
+        entry.prefix_cache_reset = backends.reset_prefix_cache(
+            server.url, path=server.variant.kind.reset_prefix_cache_path)
         entry.run_id = _run_profile(entry, server.url, opt, matrix_id)
         if prompts is not None and entry.repeat == 1:
             _say(f"{variant.name}: greedy outputs for {len(prompts)} fidelity prompts")
@@ -168,7 +145,8 @@ def run_matrix(variants: list[Variant], opt: MatrixOptions) -> MatrixResult:
     outputs: dict[str, dict] = {}
     entries = []
     for variant in variants:
-        report = _preflight(variant, opt)
+        report = matrix_preflight(variant, opt.backend, opt.hardware, opt.profile,
+                                  opt.gpus_file, opt.topology_file)
         for k in range(1, opt.repeat + 1):
             entry = Entry(variant, k, preflight=report.to_dict() if report else None)
             entries.append(entry)
@@ -191,130 +169,64 @@ def run_matrix(variants: list[Variant], opt: MatrixOptions) -> MatrixResult:
     result = MatrixResult(matrix_id, entries)
     if prompts is not None and len(outputs) > 1:
         base = next(v.name for v in variants if v.name in outputs)
-        result.fidelity_id = fidelity.new_id()
-        for name, out in outputs.items():
-            if name == base:
-                continue
-            rows = fidelity.compare(prompts, outputs[base], out)
-            fidelity.record(opt.db, result.fidelity_id, base, name, rows, backend=opt.backend,
-                            hardware=opt.hardware if opt.backend == "sim" else None,
-                            prompt_set=str(opt.fidelity_prompts), seed=0, matrix_id=matrix_id)
-            result.fidelity[name] = fidelity.summarize(rows)
-        result.fidelity = {"baseline": base, "candidates": result.fidelity}
+        result.fidelity_id, summaries = fidelity.compare_and_record(
+            opt.db, prompts, outputs, base, backend=opt.backend,
+            hardware=opt.hardware if opt.backend == "sim" else None,
+            prompt_set=str(opt.fidelity_prompts), seed=0, matrix_id=matrix_id)
+        result.fidelity = {"baseline": base, "candidates": summaries}
     return result
 
 
-# -- the side-by-side table ------------------------------------------------------------------------
+def finish(result: MatrixResult, db: Path, out: Path | None, report: bool = True) -> int:
+    """Write matrix.md and matrix.json, print the table, compare and report the runs; the exit
+    status of ``servelab matrix`` (1 when a variant failed or was refused, or nothing ran)."""
+    from servelab.orchestration.matrix_table import render_table, speed_rows, to_json
 
-SPEED_SQL = """
-SELECT s.run_id, s.stage, s.level, s.requests, s.error_rate, s.ttft_p50_ms, s.ttft_p99_ms,
-       s.tpot_p50_ms, s.itl_p50_ms, s.output_tokens_per_s, s.goodput, s.slo_attainment
-FROM stage_summary s
-WHERE s.class_name = '(all)' AND s.run_id IN (SELECT unnest(?::VARCHAR[]))
-ORDER BY s.run_id, s.stage
-"""
-
-
-def speed_rows(db: Path, run_ids: list[str]) -> dict[str, list[dict]]:
-    from servelab.analysis.views import open_results_db
-
-    if not run_ids:
-        return {}
-    con = open_results_db(db)
-    try:
-        cur = con.execute(SPEED_SQL, [run_ids])
-        names = [d[0] for d in cur.description]
-        out: dict[str, list[dict]] = {}
-        for row in cur.fetchall():
-            item = dict(zip(names, row))
-            out.setdefault(item["run_id"], []).append(item)
-        return out
-    finally:
-        con.close()
-
-
-def _fmt(value, spec: str = ".1f", unit: str = "") -> str:
-    if value is None:
-        return "-"
-    try:
-        return f"{value:{spec}}{unit}"
-    except (TypeError, ValueError):
-        return str(value)
-
-
-def render_table(result: MatrixResult, speed: dict[str, list[dict]]) -> str:
-    """Markdown: per variant and repeat, the verification, the highest load level's speed, and
-    fidelity against the first variant."""
-    fid = result.fidelity.get("candidates", {}) if result.fidelity else {}
-    base = result.fidelity.get("baseline") if result.fidelity else None
-    head = ("| variant | repeat | status | verified | level | tok/s | TTFT p50 ms | TTFT p99 ms | "
-            "TPOT p50 ms | goodput req/s | errors | exact match | 1st divergence | similarity |")
-    lines = [f"# servelab matrix {result.matrix_id}", "",
-             "Speed at the highest load level of the profile (all classes, measured window); "
-             "fidelity against " + (f"`{base}`" if base else "the first variant") +
-             " (greedy outputs). A run that is not `verified` says so here: read its numbers "
-             "as those of whatever the server really ran.", "", head,
-             "|" + "---|" * 14]
-    for e in result.entries:
-        stages = speed.get(e.run_id or "", [])
-        top = stages[-1] if stages else {}
-        verified = e.verdict.status if e.verdict else ("predicted" if e.status == "predicted"
-                                                       else "-")
-        f = fid.get(e.variant.name) if e.repeat == 1 else None
-        if e.variant.name == base and e.repeat == 1:
-            fx = ("baseline", "", "")
-        elif f:
-            fx = (_fmt(f["exact_match_rate"], ".0%"), _fmt(f["mean_first_divergence"], ".1f"),
-                  _fmt(f["mean_similarity"], ".3f"))
-        else:
-            fx = ("-", "-", "-")
-        lines.append(
-            f"| {e.variant.name} | {e.repeat} | {e.status} | {verified} | {_fmt(top.get('level'), 'g')} | "
-            f"{_fmt(top.get('output_tokens_per_s'))} | {_fmt(top.get('ttft_p50_ms'))} | "
-            f"{_fmt(top.get('ttft_p99_ms'))} | {_fmt(top.get('tpot_p50_ms'), '.2f')} | "
-            f"{_fmt(top.get('goodput'), '.2f')} | {_fmt(top.get('error_rate'), '.1%')} | "
-            f"{fx[0]} | {fx[1]} | {fx[2]} |")
-    notes = [e for e in result.entries if e.error or (e.verdict and e.verdict.status != "verified")]
-    if notes:
-        lines += ["", "## Notes", ""]
-        for e in notes:
-            if e.error:
-                lines.append(f"- {e.variant.name} (repeat {e.repeat}): {e.status}: {e.error}")
-            if e.verdict and e.verdict.status != "verified":
-                bad = [c for c in e.verdict.checks if c.status in ("fail", "unknown", "warn")]
-                lines.append(f"- {e.variant.name} (repeat {e.repeat}): {e.verdict.status}: "
-                             + "; ".join(f"{c.name}: {c.detail}" for c in bad))
-    return "\n".join(lines) + "\n"
-
-
-def to_json(result: MatrixResult, speed: dict) -> dict:
-    return {"matrix_id": result.matrix_id, "fidelity_id": result.fidelity_id,
-            "fidelity": result.fidelity,
-            "entries": [{"variant": e.variant.name, "repeat": e.repeat, "status": e.status,
-                         "run_id": e.run_id, "error": e.error, "log": e.log,
-                         "prefix_cache_reset": e.prefix_cache_reset,
-                         "verification": json.loads(e.verdict.to_json()) if e.verdict else None,
-                         "preflight": e.preflight, "speed": speed.get(e.run_id or "", [])}
-                        for e in result.entries]}
+    out = Path(out) if out else Path("reports") / result.matrix_id
+    out.mkdir(parents=True, exist_ok=True)
+    speed = speed_rows(db, result.run_ids)
+    table = render_table(result, speed)
+    (out / "matrix.md").write_text(table, encoding="utf-8")
+    (out / "matrix.json").write_text(json.dumps(to_json(result, speed), indent=2, default=str),
+                                     encoding="utf-8")
+    print()
+    print(table)
+    problems = compare_and_report(result, db, out, report) if result.run_ids else []
+    print(f"matrix {result.matrix_id}: {out / 'matrix.md'}, {out / 'matrix.json'}")
+    incomplete = [e for e in result.entries if e.status in ("failed", "refused")]
+    return 1 if incomplete or problems or not result.run_ids else 0
 
 
 def compare_and_report(result: MatrixResult, db: Path, out: Path, report: bool = True) -> list[str]:
     """``servelab compare`` (printed) and ``servelab report`` (into ``out``) over the matrix's runs,
-    through the analysis commands themselves. Returns the problems met, also printed."""
+    through the analysis layer's own functions. Returns the problems met, also printed."""
+    import duckdb
+
     problems = []
     runs = result.run_ids
-    groups = {e.variant.name for e in result.entries if e.run_id}
     steps = []
-    if len(groups) > 1:
-        steps.append(("compare", [*runs, "--db", str(db)]))
+    if len({e.variant.name for e in result.entries if e.run_id}) > 1:
+        steps.append(("compare", lambda: _compare(db, runs)))
     if report:
-        steps.append(("report", [*runs, "--db", str(db), "--out", str(out)]))
-    for name, args in steps:
-        done = subprocess.run([sys.executable, "-m", "servelab.cli", name, *args], text=True,
-                              capture_output=True)
-        sys.stdout.write(done.stdout)
-        if done.returncode != 0:
-            problem = f"servelab {name} failed ({done.returncode}): {done.stderr.strip()[-800:]}"
+        steps.append(("report", lambda: _report(db, runs, out)))
+    for name, step in steps:
+        try:
+            step()
+        except (ServelabError, duckdb.Error) as exc:
+            problem = f"servelab {name} failed: {str(exc)[-800:]}"
             problems.append(problem)
             print(problem, file=sys.stderr, flush=True)
     return problems
+
+
+def _compare(db: Path, runs: list[str]) -> None:
+    from servelab.analysis.compare import compare_runs
+
+    compare_runs(db, runs)
+
+
+def _report(db: Path, runs: list[str], out: Path) -> None:
+    from servelab.analysis.report import write_report
+
+    path = write_report(db, runs, out)
+    _say(f"wrote {path} and its PNG figures in {path.parent}")

@@ -1,6 +1,6 @@
 """Before measuring: will this variant run, on these GPUs, as what it claims to be?
 
-Memory figures come from the simulator engine's start-up sizing (``servelab.sim.kv_sizing``), the
+Memory figures come from the simulator engine's start-up sizing (``servelab.sim.engine.kv_sizing``), the
 one place that turns GPU memory, weights, activations and the KV layout into blocks. Preflight
 adds what only the host knows: how many GPUs there are, their compute capability, memory already
 in use, and whether they are joined by NVLink.
@@ -184,7 +184,7 @@ def profile_lengths(path: str) -> ProfileLengths:
 def run_preflight(variant: Variant, gpus: list[Gpu], gpu_source: str,
                   links: dict[tuple[int, int], str] | None = None,
                   profile: ProfileLengths | None = None) -> PreflightReport:
-    from servelab.sim.kv_sizing import plan_kv_cache
+    from servelab.sim.engine.kv_sizing import plan_kv_cache
     from servelab.specs.engine_config import build_engine_config
 
     if not gpus:
@@ -209,7 +209,7 @@ def run_preflight(variant: Variant, gpus: list[Gpu], gpu_source: str,
         say(Verdict(WARN, "the GPUs differ (" + ", ".join(sorted({g.name for g in used}))
                     + "): the slowest one sets the pace"))
     _compute_capability(variant, used, say)
-    _memory(variant, used, config, plan, report, say)
+    _memory(variant, used, plan, report, say)
     _interconnect(variant, used, hw, links, say)
     _profile_fit(report, plan, say)
     return report
@@ -229,7 +229,7 @@ def _compute_capability(variant: Variant, used: list[Gpu], say) -> None:
                             f"{c.min_compute_capability}; the {low.name} has {low.cc_text}"))
 
 
-def _memory(variant: Variant, used: list[Gpu], config, plan, report: PreflightReport, say) -> None:
+def _memory(variant: Variant, used: list[Gpu], plan, report: PreflightReport, say) -> None:
     report.weights_gib = plan.weights_gib
     report.kv_bytes_per_token = plan.kv_bytes_per_token
     for error in plan.errors:
@@ -238,14 +238,13 @@ def _memory(variant: Variant, used: list[Gpu], config, plan, report: PreflightRe
         report.available_kv_gib = plan.available_kv_gib
         report.kv_tokens = plan.kv_tokens
         report.max_concurrency = plan.max_concurrency
-    util = config.gpu_memory_utilization
+    kind, util = variant.kind, variant.memory_utilization
     for g in used:
         if g.memory_used_mib > g.memory_total_mib * (1 - util):
             say(Verdict(REFUSE, f"GPU {g.index} already has {g.memory_used_mib:,} MiB in use; "
-                                f"vLLM wants {util:.0%} of {g.memory_total_mib:,} MiB and will "
-                                f"refuse to start (free memory on device is less than desired "
-                                f"GPU memory utilization). Stop the other process or lower "
-                                f"--gpu-memory-utilization"))
+                                f"{kind.label} wants {util:.0%} of {g.memory_total_mib:,} MiB and "
+                                f"will refuse to start ({kind.memory_refusal}). Stop the other "
+                                f"process or lower {kind.memory_utilization_flag}"))
 
 
 def _interconnect(variant: Variant, used: list[Gpu], hw: HardwareSpec, links, say) -> None:

@@ -1,205 +1,22 @@
-"""What a vLLM server really runs, read from its start-up log and its Prometheus ``/metrics``.
+"""What a server really runs, read from its start-up log and its Prometheus ``/metrics``.
 
-The log says which linear kernel vLLM selected (native FP8, FP8 weight-only through Marlin, W4A16
-Marlin or a slow forced kernel), the quantization method in the engine's config, the speculative
-config, the parallel sizes and the KV-cache size. ``/metrics`` confirms the cache config
-(``vllm:cache_config_info``), the engines (one per data-parallel rank) and whether speculative
-decoding counters exist. Wording varies by vLLM version; the patterns accept the known variants.
+The grammar belongs to the server's kind (``specs.server_kinds``: vLLM's kernel lines, engine
+config and metric names live in ``server_kinds/vllm_log.py``); this is where orchestration and the
+tests ask for it, naming the kind (``vllm`` unless told).
 """
 from __future__ import annotations
 
-import ast
-import re
-from dataclasses import dataclass, field
+from servelab.specs.server_kinds import DEFAULT_KIND, ServerFacts, server_kind
 
-FP8_MARLIN_WARNING = "Your GPU does not have native support for FP8 computation"
-CUSTOM_AR_WARNING = "Custom allreduce is disabled because your platform lacks GPU P2P capability"
-
-_KERNEL = re.compile(r"\b(?:Selected|Using) (\w+Kernel) for ([\w{},/ ]+?)\s*$")
-_CONVERTIBLE = re.compile(r"The model is convertible to (\w+) during runtime\. Using (\w+) kernel")
-_FORCED = re.compile(r"Detected that the model can run with (\w+), however you specified "
-                     r"quantization=(\w+) explicitly, so forcing (\w+)")
-_ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]+)\) with config: (.*)$")
-_API_VERSION = re.compile(r"vLLM API server version (\S+)")
-_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-_MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-_AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-_LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
-_CHUNKED = re.compile(r"max_num_batched_tokens=(\d+)")
-_NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
-_SPEC_OBJ = re.compile(r"SpeculativeConfig\((.*?)\)")
-_ERROR = re.compile(r"\b((?:ValueError|RuntimeError|torch\.OutOfMemoryError|"
-                    r"torch\.cuda\.OutOfMemoryError|AssertionError): .*)$")
-_PREFIX = re.compile(r"^(?:\(\w+(?: rank=\d+)? pid=\d+\)\s*)?"
-                     r"(?:(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:]+(?:\.\d+)? "
-                     r"\[[^\]]*\]\s*)?")
+__all__ = ["ServerFacts", "parse_log", "parse_metrics"]
 
 
-@dataclass
-class ServerFacts:
-    """Everything found; ``None`` / empty where the source said nothing."""
-
-    vllm_version: str | None = None
-    model: str | None = None
-    engine_config_seen: bool = False         # vLLM's "Initializing a V1 LLM engine" line
-    quantization: str | None = None          # from the engine config line (None: unquantized)
-    dtype: str | None = None
-    tensor_parallel_size: int | None = None
-    data_parallel_size: int | None = None
-    speculative: dict | None = None          # {"method": ..., "num_speculative_tokens": ...}
-    speculative_seen: bool = False           # the log stated the speculative config (None or not)
-    kernels: list[str] = field(default_factory=list)   # "CutlassFP8ScaledMMLinearKernel for ..."
-    marlin_conversion: str | None = None     # gptq_marlin / awq_marlin chosen at runtime
-    forced_quantization: str | None = None   # slow kernel forced by an explicit --quantization
-    fp8_marlin_fallback: bool = False
-    custom_allreduce_disabled: bool = False
-    kv_cache_tokens: int | None = None
-    max_concurrency: float | None = None
-    max_concurrency_len: int | None = None
-    available_kv_gib: float | None = None
-    model_weights_gib: float | None = None
-    max_num_batched_tokens: int | None = None
-    errors: list[str] = field(default_factory=list)
-    # from /metrics
-    metrics_seen: bool = False
-    cache_config: dict | None = None
-    engines: list[str] = field(default_factory=list)
-    spec_decode_metrics: bool = False
-    metric_model_name: str | None = None
-
-    def to_dict(self) -> dict:
-        return {k: v for k, v in self.__dict__.items()}
+def parse_log(text: str, facts: ServerFacts | None = None,
+              server: str = DEFAULT_KIND) -> ServerFacts:
+    return server_kind(server).parse_log(text, facts)
 
 
-def _message(line: str) -> str:
-    return _PREFIX.sub("", line.rstrip("\r\n"), count=1)
-
-
-def parse_log(text: str, facts: ServerFacts | None = None) -> ServerFacts:
-    facts = facts or ServerFacts()
-    for raw in text.splitlines():
-        msg = _message(raw)
-        if not msg:
-            continue
-        if m := _KERNEL.search(msg):
-            entry = f"{m.group(1)} for {m.group(2).strip()}"
-            if entry not in facts.kernels:
-                facts.kernels.append(entry)
-        if m := _CONVERTIBLE.search(msg):
-            facts.marlin_conversion = m.group(2)
-        if m := _FORCED.search(msg):
-            facts.forced_quantization = m.group(3)
-        if FP8_MARLIN_WARNING in msg:
-            facts.fp8_marlin_fallback = True
-        if CUSTOM_AR_WARNING in msg:
-            facts.custom_allreduce_disabled = True
-        if m := _API_VERSION.search(msg):
-            facts.vllm_version = facts.vllm_version or m.group(1)
-        if m := _ENGINE.search(msg):
-            facts.vllm_version = m.group(1)
-            _engine_config(m.group(2), facts)
-        if m := _NON_DEFAULT.search(msg):
-            _non_default_args(m.group(1), facts)
-        if m := _KV_TOKENS.search(msg):
-            facts.kv_cache_tokens = int(m.group(1).replace(",", ""))
-        if m := _MAX_CONC.search(msg):
-            facts.max_concurrency_len = int(m.group(1).replace(",", ""))
-            facts.max_concurrency = float(m.group(2))
-        if m := _AVAILABLE.search(msg):
-            facts.available_kv_gib = float(m.group(1))
-        if m := _LOADING.search(msg):
-            facts.model_weights_gib = float(m.group(1))
-        if "Chunked prefill is enabled" in msg and (m := _CHUNKED.search(msg)):
-            facts.max_num_batched_tokens = int(m.group(1))
-        if m := _ERROR.search(msg):
-            if m.group(1) not in facts.errors:
-                facts.errors.append(m.group(1))
-    return facts
-
-
-def _config_value(config: str, key: str) -> str | None:
-    # Values are "key=value, " pairs; quoted values may hold commas, nested objects parentheses.
-    m = re.search(rf"(?:^|, ){re.escape(key)}=('[^']*'|[^,]*)", config)
-    return m.group(1).strip("'") if m else None
-
-
-def _engine_config(config: str, facts: ServerFacts) -> None:
-    facts.engine_config_seen = True
-    facts.model = _config_value(config, "model") or facts.model
-    quant = _config_value(config, "quantization")
-    if quant is not None:
-        facts.quantization = None if quant == "None" else quant
-    facts.dtype = _config_value(config, "dtype") or facts.dtype
-    for key, attr in (("tensor_parallel_size", "tensor_parallel_size"),
-                      ("data_parallel_size", "data_parallel_size")):
-        value = _config_value(config, key)
-        if value and value.isdigit():
-            setattr(facts, attr, int(value))
-    if re.search(r"(?:^|, )speculative_config=None\b", config):
-        facts.speculative_seen = True
-        facts.speculative = None
-    elif m := _SPEC_OBJ.search(config):
-        facts.speculative_seen = True
-        facts.speculative = _spec_from_repr(m.group(1))
-
-
-def _spec_from_repr(body: str) -> dict:
-    spec: dict = {}
-    for key, value in re.findall(r"(\w+)=('[^']*'|[^,]*)", body):
-        value = value.strip().strip("'")
-        if key == "method":
-            spec["method"] = value
-        elif key in ("num_spec_tokens", "num_speculative_tokens") and value.isdigit():
-            spec["num_speculative_tokens"] = int(value)
-        elif key in ("model", "draft_model") and value not in ("None", ""):
-            spec["model"] = value
-    if "method" not in spec and "model" in spec:
-        spec["method"] = "draft_model"
-    return spec
-
-
-def _non_default_args(text: str, facts: ServerFacts) -> None:
-    try:
-        args = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return
-    if not isinstance(args, dict):
-        return
-    facts.model = facts.model or args.get("model") or args.get("model_tag")
-    if "quantization" in args and facts.quantization is None:
-        facts.quantization = args["quantization"]
-    for key in ("tensor_parallel_size", "data_parallel_size"):
-        if isinstance(args.get(key), int) and getattr(facts, key) is None:
-            setattr(facts, key, args[key])
-    spec = args.get("speculative_config")
-    if isinstance(spec, dict) and not facts.speculative_seen:
-        facts.speculative_seen = True
-        facts.speculative = {k: spec[k] for k in ("method", "model", "num_speculative_tokens")
-                             if k in spec}
-
-
-def parse_metrics(text: str, facts: ServerFacts | None = None) -> ServerFacts:
+def parse_metrics(text: str, facts: ServerFacts | None = None,
+                  server: str = DEFAULT_KIND) -> ServerFacts:
     """Read what ``/metrics`` confirms: cache config, engines, speculative counters."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    facts = facts or ServerFacts()
-    facts.metrics_seen = True
-    engines: set[str] = set(facts.engines)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if "engine" in sample.labels:
-                engines.add(sample.labels["engine"])
-            if sample.name.startswith("vllm:cache_config_info"):
-                facts.cache_config = dict(sample.labels)
-            if sample.name.startswith("vllm:spec_decode_num_drafts"):
-                facts.spec_decode_metrics = True
-            if "model_name" in sample.labels and facts.metric_model_name is None:
-                facts.metric_model_name = sample.labels["model_name"]
-    facts.engines = sorted(engines, key=lambda e: (len(e), e))
-    if facts.cache_config and facts.kv_cache_tokens is None:
-        try:
-            facts.kv_cache_tokens = (int(facts.cache_config["num_gpu_blocks"])
-                                     * int(facts.cache_config.get("block_size", 16)))
-        except (KeyError, ValueError):
-            pass
-    return facts
+    return server_kind(server).parse_metrics(text, facts)

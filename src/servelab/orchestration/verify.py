@@ -1,7 +1,9 @@
 """Hold a started server to its variant's claims, from its log and ``/metrics``.
 
 The central check is precision: vLLM accepts ``--quantization fp8`` on a GPU without FP8 tensor
-cores and silently serves weight-only FP8 through Marlin (W8A16). A run is ``verified`` when the
+cores and silently serves weight-only FP8 through Marlin (W8A16). The rules are the same for every
+server kind; reading the evidence (log grammar, kernel names) is the kind's job
+(``specs.server_kinds``). A run is ``verified`` when the
 evidence shows the claimed path, ``mismatch`` when it shows another one, and ``unverified`` when
 the evidence is missing; every comparison that includes such a run says so (``runs.flags``).
 """
@@ -14,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from servelab.core.errors import ServelabError
+from servelab.core.timeouts import HTTP_PROBE_S
 from servelab.orchestration.gpus import Gpu
 from servelab.orchestration.serverlog import ServerFacts, parse_log, parse_metrics
 from servelab.specs.variants import Variant
@@ -21,9 +24,6 @@ from servelab.specs.variants import Variant
 OK, WARN, FAIL, UNKNOWN = "ok", "warn", "fail", "unknown"
 FLAG_UNVERIFIED = "unverified"
 FLAG_MISMATCH = "variant_mismatch"
-_INT4_KERNELS = ("MarlinLinearKernel", "MacheteLinearKernel", "AllSparkLinearKernel",
-                 "ConchLinearKernel", "ExllamaLinearKernel", "BitBLASLinearKernel",
-                 "CutlassW4A8LinearKernel", "Dynamic4bitLinearKernel")
 
 
 @dataclass
@@ -62,9 +62,8 @@ class Verdict:
 
 def _precision(v: Variant, f: ServerFacts, gpus: list[Gpu] | None) -> Check:
     kernels = " ".join(f.kernels)
-    fp8_native = any("FP8ScaledMM" in k and "Marlin" not in k for k in f.kernels)
-    fp8_marlin = f.fp8_marlin_fallback or "MarlinFP8" in kernels
-    int4 = f.marlin_conversion or any(k.split(" ")[0] in _INT4_KERNELS for k in f.kernels)
+    path = v.kind.linear_path(f)
+    fp8_native, fp8_marlin, int4 = path.fp8_native, path.fp8_weight_only, path.int4
     quant_known = f.engine_config_seen
     c = v.claims
     if c.weights == "fp8":
@@ -121,7 +120,8 @@ def _speculative(v: Variant, f: ServerFacts) -> Check:
                      + (f", k={f.speculative.get('num_speculative_tokens')}" if got else ""))
     if f.metrics_seen:
         if bool(want) == f.spec_decode_metrics:
-            return Check("speculative", OK, ("vllm:spec_decode_* metrics present" if want else
+            counters = v.kind.metrics["spec_drafts"].rsplit("_num_", 1)[0] + "_*"
+            return Check("speculative", OK, (f"{counters} metrics present" if want else
                                              "no spec decode metrics, as claimed"))
         return Check("speculative", FAIL, f"claims {want or 'none'} but spec decode metrics are "
                      f"{'present' if f.spec_decode_metrics else 'absent'}")
@@ -197,7 +197,7 @@ def judge(variant: Variant, facts: ServerFacts, gpus: list[Gpu] | None = None,
     return Verdict(variant.name, status, checks, facts.to_dict(), sources or [])
 
 
-def fetch_metrics(url: str, timeout: float = 10.0) -> str | None:
+def fetch_metrics(url: str, timeout: float = HTTP_PROBE_S) -> str | None:
     """``/metrics`` of a server, or None when it has none (404) or cannot be reached."""
     try:
         with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as resp:
@@ -213,9 +213,9 @@ def verify(variant: Variant, log_path: str | Path | None = None, url: str | None
     if log_path is not None:
         path = Path(log_path)
         if not path.is_file():
-            raise ServelabError(f"{path}: no such log file; save the server's output "
-                                f"(e.g. `docker compose logs vllm-{variant.name}` > FILE)")
-        parse_log(path.read_text(encoding="utf-8", errors="replace"), facts)
+            raise ServelabError(f"{path}: no such log file; save the server's output (e.g. "
+                                f"`docker compose logs {variant.server}-{variant.name}` > FILE)")
+        parse_log(path.read_text(encoding="utf-8", errors="replace"), facts, variant.server)
         sources.append(str(path))
     metrics = None
     if metrics_path is not None:
@@ -226,7 +226,7 @@ def verify(variant: Variant, log_path: str | Path | None = None, url: str | None
         if metrics is not None:
             sources.append(url.rstrip("/") + "/metrics")
     if metrics is not None:
-        parse_metrics(metrics, facts)
+        parse_metrics(metrics, facts, variant.server)
     return judge(variant, facts, gpus, expected_kv_tokens, sources)
 
 

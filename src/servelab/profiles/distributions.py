@@ -16,12 +16,13 @@ Formulas (x is the drawn value before clipping):
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from servelab.core import jsonlines
 
 Sampler = Callable[[np.random.Generator, "int | tuple[int, ...]"], np.ndarray]
 
@@ -178,13 +179,7 @@ def _read_csv(text: str, column: str | None) -> list[float]:
 
 def _read_jsonl(text: str, column: str | None) -> list[float]:
     values = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"line {n}: not JSON ({exc.msg})") from None
+    for n, item in jsonlines.numbered(text):
         if isinstance(item, dict):
             if column is None:
                 raise ValueError(f"line {n}: an object; name its length field with 'column'")

@@ -12,11 +12,12 @@ twice as fast, 2 half as fast).
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+from servelab.core import jsonlines
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -137,14 +138,8 @@ def _read_azure(text: str) -> list[tuple[float, int, int]]:
 
 def _read_mooncake(text: str) -> list[tuple[float, int, int]]:
     rows = []
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    for n, item in jsonlines.numbered(text, TraceFormatError):
         where = f"line {n}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(f"{where}: not JSON ({exc.msg})") from None
         if not isinstance(item, dict):
             raise TraceFormatError(f"{where}: not a JSON object")
         missing = [f for f in MOONCAKE_FIELDS if f not in item]

@@ -1,6 +1,6 @@
-"""Specs layer: GPUs (servers/hardware), models (servers/models), vLLM serve flags, engine config."""
+"""Specs layer: GPUs (servers/hardware), models (servers/models), server kinds (vLLM: its serve
+flags, command line and log grammar), engine config."""
 from servelab.specs.engine_config import (
-    CostParams,
     EngineConfig,
     QuantPath,
     SpecDecodeConfig,
@@ -17,10 +17,11 @@ from servelab.specs.models import (
     resolve_model_id,
 )
 from servelab.specs.serve_args import ServeArgs, parse_serve_args
+from servelab.specs.server_kinds import ServerKind, server_kind
 
 __all__ = [
-    "CostParams", "EngineConfig", "HardwareSpec", "ModelSpec", "QuantPath", "ServeArgs",
+    "EngineConfig", "HardwareSpec", "ModelSpec", "QuantPath", "ServeArgs", "ServerKind",
     "SpecDecodeConfig", "batch_defaults", "build_engine_config", "hardware_for_gpu_name",
     "hf_id_from_dir", "list_hardware", "list_models", "load_hardware", "load_model",
-    "model_dir_name", "parse_serve_args", "resolve_model_id",
+    "model_dir_name", "parse_serve_args", "resolve_model_id", "server_kind",
 ]

@@ -1,13 +1,15 @@
-"""Everything the simulated engine needs, decided the way vLLM decides it at start-up.
+"""A server's engine configuration, decided the way vLLM decides it at start-up.
 
 ``build_engine_config(hardware, model, serve_args)`` applies vLLM's per-GPU batch defaults, picks
 the quantization kernel path (native FP8 W8A8, FP8 weight-only Marlin below cc 8.9, W4A16 Marlin
 for GPTQ/AWQ checkpoints, the slow kernels when ``--quantization awq|gptq`` is forced) and reads
 ``--speculative-config``. It records vLLM's log lines for those decisions in ``log_lines``.
+Preflight, verify, predict and the simulator read it; the simulator's own cost coefficients live
+in ``sim.engine.costs``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from servelab.core.errors import ServelabError
 from servelab.specs.hardware import GIB, HardwareSpec, load_hardware
@@ -27,37 +29,13 @@ W4_BYTES_PER_PARAM = 0.516  # 4-bit weights plus fp16 group scales (group 128) a
 
 
 @dataclass(frozen=True)
-class CostParams:
-    """Roofline efficiencies and fixed costs (docs/simulator.md explains and calibrates them)."""
-    eta_bw: float = 0.75            # achieved / peak memory bandwidth for weight and KV streaming
-    eta_compute: float = 0.65       # achieved / peak tensor FLOPS in GEMMs
-    eta_attn: float = 0.5           # achieved / peak FLOPS in attention
-    t_cpu_s: float = 0.0008         # scheduler, input prep, sampling, output processing per step
-    t_layer_s: float = 10e-6        # norms, rope, activation, kernel tails per layer per step (CUDA graphs)
-    eager_layer_s: float = 45e-6    # extra launch cost per layer per step with --enforce-eager
-    t_prefill_req_s: float = 30e-6  # per prefill chunk in the batch (metadata, no CUDA graph)
-    t_seq_s: float = 8e-6           # per request in the batch (scheduling, input prep, detokenizing)
-    t_draft_pass_s: float = 60e-6   # per draft-model pass (proposal bookkeeping, sampling)
-    t_ngram_seq_s: float = 4e-6     # n-gram prompt lookup per request (CPU)
-    t_tp_step_s: float = 300e-6     # TP > 1: broadcasting each step's inputs to the worker processes
-    alpha_ar_custom_s: float = 10e-6  # one all-reduce, NVLink with vLLM's custom all-reduce
-    alpha_ar_nccl_s: float = 40e-6    # NVLink with NCCL (custom AR disabled)
-    alpha_ar_pcie_s: float = 55e-6    # PCIe through NCCL
-    act_quant_overhead: float = 0.03  # dynamic per-token activation quantization for W8A8
-
-
-@dataclass(frozen=True)
 class QuantPath:
     """How the linear layers run."""
     name: str                      # bf16 | fp8-w8a8 | fp8-w8a16-marlin | w4a16-marlin | awq-gemm | gptq-exllama
     method: str | None             # vLLM's quantization name (None for unquantized)
     weight_bytes_per_param: float  # quantizable linear layers; embeddings and lm_head stay 16-bit
     gemm_tflops: float             # peak of the precision the GEMMs actually run at
-    gemm_penalty: float            # kernel efficiency vs a BF16 cuBLAS GEMM (q_pen)
-    bw_penalty: float = 1.0        # weight-streaming efficiency vs cuBLAS BF16 at small batch: the
-                                   # quantized kernels (scaled-mm epilogues, dequantization) reach
-                                   # ~90% of it; the non-Marlin AWQ/GPTQ kernels far less
-    act_quant: bool = False
+    act_quant: bool = False        # activations quantized per token at run time (W8A8)
     kernel: str = ""
 
 
@@ -67,8 +45,6 @@ class SpecDecodeConfig:
     num_speculative_tokens: int
     draft: ModelSpec | None           # draft_model: its config; eagle: a one-layer head synthesized
     draft_quant: QuantPath | None
-    acceptance: tuple[float, ...]     # conditional acceptance probability per position
-    ngram_match_prob: float = 1.0     # ngram: chance the prompt lookup finds a match in a step
     raw: dict = field(default_factory=dict)
 
 
@@ -91,7 +67,6 @@ class EngineConfig:
     enforce_eager: bool
     custom_all_reduce: bool
     speculative: SpecDecodeConfig | None
-    cost: CostParams
     serve_args: ServeArgs
     log_lines: tuple[str, ...]        # vLLM's log lines for the decisions above (warnings included)
     warnings: tuple[str, ...]
@@ -103,10 +78,6 @@ class EngineConfig:
     @property
     def num_speculative_tokens(self) -> int:
         return 0 if self.speculative is None else self.speculative.num_speculative_tokens
-
-    def with_cost(self, **changes) -> "EngineConfig":
-        """A copy with cost parameters changed (calibration, what-if runs)."""
-        return replace(self, cost=replace(self.cost, **changes))
 
 
 def batch_defaults(hw: HardwareSpec) -> tuple[int, int]:
@@ -135,15 +106,15 @@ def choose_quant_path(hw: HardwareSpec, model: ModelSpec, requested: str | None)
     method = requested or ckpt
     bf16 = hw.tflops_bf16
     if method is None:
-        return QuantPath("bf16", None, 2.0, bf16, 1.0, kernel="cuBLAS BF16"), logs, warns
+        return QuantPath("bf16", None, 2.0, bf16, kernel="cuBLAS BF16"), logs, warns
     if method == "fp8":
         if hw.native_fp8:
             logs.append("Selected CutlassFP8ScaledMMLinearKernel for Fp8LinearMethod")
-            return QuantPath("fp8-w8a8", "fp8", 1.0, hw.tflops_fp8, 1.0, bw_penalty=0.9, act_quant=True,
+            return QuantPath("fp8-w8a8", "fp8", 1.0, hw.tflops_fp8, act_quant=True,
                              kernel="CutlassFP8ScaledMMLinearKernel"), logs, warns
         logs.append("Selected MarlinFP8ScaledMMLinearKernel for Fp8LinearMethod")
         warns.append(FP8_MARLIN_WARNING)
-        return QuantPath("fp8-w8a16-marlin", "fp8", 1.0, bf16, 0.85, bw_penalty=0.9,
+        return QuantPath("fp8-w8a16-marlin", "fp8", 1.0, bf16,
                          kernel="MarlinFP8ScaledMMLinearKernel"), logs, warns
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "marlin"):
         if ckpt not in ("gptq", "awq"):
@@ -162,29 +133,16 @@ def choose_quant_path(hw: HardwareSpec, model: ModelSpec, requested: str | None)
                 f"quantization={marlin} for faster inference"
             )
             if requested == "awq":
-                return QuantPath("awq-gemm", "awq", W4_BYTES_PER_PARAM, bf16, 0.35, bw_penalty=0.5,
+                return QuantPath("awq-gemm", "awq", W4_BYTES_PER_PARAM, bf16,
                                  kernel="AWQ GEMM"), logs, warns
-            return QuantPath("gptq-exllama", "gptq", W4_BYTES_PER_PARAM, bf16, 0.5, bw_penalty=0.7,
+            return QuantPath("gptq-exllama", "gptq", W4_BYTES_PER_PARAM, bf16,
                              kernel="ExllamaLinearKernel"), logs, warns
         marlin = f"{ckpt}_marlin"
         logs.append(f"The model is convertible to {marlin} during runtime. Using {marlin} kernel.")
         logs.append(f"Using MarlinLinearKernel for {ckpt.upper()}MarlinLinearMethod")
-        return QuantPath("w4a16-marlin", marlin, W4_BYTES_PER_PARAM, bf16, 0.85, bw_penalty=0.9,
+        return QuantPath("w4a16-marlin", marlin, W4_BYTES_PER_PARAM, bf16,
                          kernel="MarlinLinearKernel"), logs, warns
     raise ServelabError(f"--quantization {method}: not simulated; use fp8, awq, gptq (or their _marlin forms)")
-
-
-# Conditional per-position acceptance defaults. EAGLE: vllm PR #24344 measured 0.77/0.45/0.24
-# unconditional for k=3, i.e. 0.77, 0.58, 0.53 conditional.
-_EAGLE_ACCEPT = (0.77, 0.584, 0.533)
-
-
-def default_acceptance(method: str, k: int) -> tuple[float, ...]:
-    if method in ("eagle", "eagle3"):
-        return tuple(_EAGLE_ACCEPT[i] if i < len(_EAGLE_ACCEPT) else 0.5 for i in range(k))
-    if method == "ngram":
-        return tuple(0.7 * 0.95 ** i for i in range(k))
-    return tuple(0.75 * 0.96 ** i for i in range(k))  # small draft model of the same family
 
 
 def _eagle_head(target: ModelSpec, method: str) -> ModelSpec:
@@ -219,18 +177,13 @@ def parse_speculative(spec: dict, hw: HardwareSpec, target: ModelSpec) -> SpecDe
         draft_quant, _, _ = choose_quant_path(hw, draft, spec.get("quantization"))
     elif method in ("eagle", "eagle3"):
         draft = _eagle_head(target, method)
-        draft_quant = QuantPath("bf16", None, 2.0, hw.tflops_bf16, 1.0, kernel="cuBLAS BF16")
-    match = 1.0
-    if method == "ngram":
-        # Chat text repeats the prompt less often than code edits; a lookup finds a match in about
-        # four steps of ten (vllm PR #24344: 15% of code-edit tokens got no draft).
-        match = 0.4
-    return SpecDecodeConfig(method, k, draft, draft_quant, default_acceptance(method, k), match, dict(spec))
+        draft_quant = QuantPath("bf16", None, 2.0, hw.tflops_bf16, kernel="cuBLAS BF16")
+    return SpecDecodeConfig(method, k, draft, draft_quant, dict(spec))
 
 
 def build_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec,
                         serve_args: list[str] | tuple[str, ...] | ServeArgs | None = None,
-                        cost: CostParams | None = None) -> EngineConfig:
+                        ) -> EngineConfig:
     hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
     args = serve_args if isinstance(serve_args, ServeArgs) else parse_serve_args(list(serve_args or []))
     if isinstance(model, ModelSpec):
@@ -278,6 +231,6 @@ def build_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec,
         gpu_memory_utilization=args.gpu_memory_utilization, block_size=args.block_size,
         enable_prefix_caching=args.enable_prefix_caching, kv_cache_dtype=kv_dtype,
         kv_dtype_bytes=kv_bytes, enforce_eager=args.enforce_eager, custom_all_reduce=custom_ar,
-        speculative=speculative, cost=cost or CostParams(), serve_args=args,
+        speculative=speculative, serve_args=args,
         log_lines=tuple(logs + [f"WARNING {w}" for w in warns]), warnings=tuple(warns),
     )

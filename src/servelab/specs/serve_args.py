@@ -81,6 +81,56 @@ def _float(flag: str, text: str) -> float:
         raise ServelabError(f"serve args: {flag}: found {text!r}; expected a number") from None
 
 
+def _choice(flag: str, value, allowed) -> object:
+    if value not in allowed:
+        raise ServelabError(f"serve args: {flag}: found {value!r}; allowed "
+                            f"{', '.join(map(str, allowed))}")
+    return value
+
+
+def _memory_fraction(flag: str, text: str) -> float:
+    v = _float(flag, text)
+    if not 0 < v <= 1:
+        raise ServelabError(f"serve args: {flag}: found {v}; allowed (0, 1]")
+    return v
+
+
+# Flags with a value: flag -> (ServeArgs field, how to read the value).
+_VALUE_FLAGS = {
+    "--model": ("model", lambda flag, v: v),
+    "--quantization": ("quantization", lambda flag, v: _choice(flag, v.lower(), QUANTIZATIONS)),
+    "--tensor-parallel-size": ("tensor_parallel_size", _int),
+    "--data-parallel-size": ("data_parallel_size", _int),
+    "--max-num-seqs": ("max_num_seqs", _int),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", _int),
+    "--gpu-memory-utilization": ("gpu_memory_utilization", _memory_fraction),
+    "--max-model-len": ("max_model_len", _int),
+    "--kv-cache-dtype": ("kv_cache_dtype",
+                         lambda flag, v: _choice(flag, v.lower(), KV_CACHE_DTYPES)),
+    "--block-size": ("block_size", lambda flag, v: _choice(flag, _int(flag, v),
+                                                           (8, 16, 32, 64, 128))),
+    "--dtype": ("dtype", lambda flag, v: v.lower()),
+}
+# Switches: flag -> (ServeArgs field, the value it sets).
+_SWITCHES = {
+    "--enable-prefix-caching": ("enable_prefix_caching", True),
+    "--no-enable-prefix-caching": ("enable_prefix_caching", False),
+    "--enforce-eager": ("enforce_eager", True),
+    "--disable-custom-all-reduce": ("disable_custom_all_reduce", True),
+}
+
+
+def _speculative_config(text: str) -> dict:
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ServelabError(f"serve args: --speculative-config: not valid JSON ({exc}); "
+                            "e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":5}'") from None
+    if not isinstance(spec, dict):
+        raise ServelabError("serve args: --speculative-config: expected a JSON object")
+    return spec
+
+
 def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
     out = ServeArgs(argv=list(argv or []))
     items = list(argv or [])
@@ -107,46 +157,18 @@ def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
         flag, _, inline = raw.partition("=")
         inline = inline if "=" in raw else None
         flag = FLAG_ALIASES.get(flag, flag)
-        if flag == "--model":
-            out.model = value_of(flag, inline)
-        elif flag == "--quantization":
-            q = value_of(flag, inline).lower()
-            if q not in QUANTIZATIONS:
-                raise ServelabError(f"serve args: --quantization: found {q!r}; allowed {', '.join(QUANTIZATIONS)}")
-            out.quantization = q
+        if flag in _VALUE_FLAGS:
+            name, read = _VALUE_FLAGS[flag]
+            setattr(out, name, read(flag, value_of(flag, inline)))
+        elif flag in _SWITCHES:
+            name, value = _SWITCHES[flag]
+            setattr(out, name, value)
         elif flag == "--speculative-config":
-            text = value_of(flag, inline)
-            try:
-                spec = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ServelabError(f"serve args: --speculative-config: not valid JSON ({exc}); "
-                                    "e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":5}'") from None
-            if not isinstance(spec, dict):
-                raise ServelabError("serve args: --speculative-config: expected a JSON object")
-            out.speculative_config = spec
-        elif flag == "--tensor-parallel-size":
-            out.tensor_parallel_size = _int(flag, value_of(flag, inline))
-        elif flag == "--data-parallel-size":
-            out.data_parallel_size = _int(flag, value_of(flag, inline))
+            out.speculative_config = _speculative_config(value_of(flag, inline))
         elif flag == "--pipeline-parallel-size":
             if _int(flag, value_of(flag, inline)) != 1:
                 raise ServelabError("serve args: --pipeline-parallel-size > 1 is not simulated; "
                                     "use --tensor-parallel-size or --data-parallel-size")
-        elif flag == "--max-num-seqs":
-            out.max_num_seqs = _int(flag, value_of(flag, inline))
-        elif flag == "--max-num-batched-tokens":
-            out.max_num_batched_tokens = _int(flag, value_of(flag, inline))
-        elif flag == "--gpu-memory-utilization":
-            v = _float(flag, value_of(flag, inline))
-            if not 0 < v <= 1:
-                raise ServelabError(f"serve args: --gpu-memory-utilization: found {v}; allowed (0, 1]")
-            out.gpu_memory_utilization = v
-        elif flag == "--max-model-len":
-            out.max_model_len = _int(flag, value_of(flag, inline))
-        elif flag == "--enable-prefix-caching":
-            out.enable_prefix_caching = True
-        elif flag == "--no-enable-prefix-caching":
-            out.enable_prefix_caching = False
         elif flag == "--served-model-name":
             names = [value_of(flag, inline)] if inline is not None else []
             while i < len(items) and not items[i].startswith("-"):
@@ -155,22 +177,6 @@ def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
             if not names:
                 raise ServelabError("serve args: --served-model-name needs a value")
             out.served_model_name = names
-        elif flag == "--kv-cache-dtype":
-            v = value_of(flag, inline).lower()
-            if v not in KV_CACHE_DTYPES:
-                raise ServelabError(f"serve args: --kv-cache-dtype: found {v!r}; allowed {', '.join(KV_CACHE_DTYPES)}")
-            out.kv_cache_dtype = v
-        elif flag == "--block-size":
-            v = _int(flag, value_of(flag, inline))
-            if v not in (8, 16, 32, 64, 128):
-                raise ServelabError(f"serve args: --block-size: found {v}; allowed 8, 16, 32, 64, 128")
-            out.block_size = v
-        elif flag == "--enforce-eager":
-            out.enforce_eager = True
-        elif flag == "--disable-custom-all-reduce":
-            out.disable_custom_all_reduce = True
-        elif flag == "--dtype":
-            out.dtype = value_of(flag, inline).lower()
         elif flag in NO_EFFECT_FLAGS:
             if flag == "--enable-prompt-tokens-details":
                 out.enable_prompt_tokens_details = True

@@ -1,9 +1,10 @@
 """Server variants: one YAML file per way of serving a model (``servers/variants/*.yaml``).
 
-A variant is the single definition that Docker Compose, ``vllm serve`` on a GPU host and the
-simulator all start from: the model, the exact ``vllm serve`` arguments, the GPUs it takes and what
-it claims to run (precision, minimum compute capability, speculative method). Preflight checks the
-claims against the hardware before a run; verify checks them against the server's log afterwards.
+A variant is the single definition that Docker Compose, the server on a GPU host and the simulator
+all start from: which server it is (``server: vllm``, the default; ``specs.server_kinds``), the
+model, the server's exact arguments, the GPUs it takes and what it claims to run (precision,
+minimum compute capability, speculative method). Preflight checks the claims against the
+hardware before a run; verify checks them against the server's log afterwards.
 """
 from __future__ import annotations
 
@@ -18,27 +19,16 @@ from servelab.core.errors import ServelabError
 from servelab.core.paths import servers_dir
 from servelab.core import yamlsource
 from servelab.specs.serve_args import FLAG_ALIASES
+from servelab.specs.server_kinds import DEFAULT_KIND, KINDS, SPECULATIVE_METHODS, ServerKind
+from servelab.specs.server_kinds.kind import HF_ID_RE
 
 WEIGHT_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
 ACTIVATION_PRECISIONS = ("bf16", "fp16", "fp8", "int8")
-SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp",
-                       "suffix")
-# vLLM's --quantization choices that servelab knows how to reason about; others are refused so a
-# typo does not silently serve the unquantized model.
-QUANTIZATION_METHODS = ("fp8", "fbgemm_fp8", "ptpc_fp8", "modelopt", "modelopt_fp4", "gptq",
-                        "gptq_marlin", "gptq_bitblas", "awq", "awq_marlin", "marlin",
-                        "compressed-tensors", "bitsandbytes", "gguf", "experts_int8", "moe_wna16",
-                        "torchao", "quark", "mxfp4", "hqq", "inc")
-# The orchestration owns where a server listens; a variant that pins them would collide.
-RESERVED_FLAGS = ("--host", "--port", "--model")
-INT_FLAGS = ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size",
-             "--max-num-seqs", "--max-num-batched-tokens", "--max-model-len", "--block-size")
-TOP_KEYS = ("name", "description", "model", "model_env", "serve_args", "gpus", "instances",
-            "claims", "notes")
+TOP_KEYS = ("name", "description", "server", "model", "model_env", "serve_args", "gpus",
+            "instances", "claims", "notes")
 CLAIM_KEYS = ("weights", "activations", "min_compute_capability", "speculative")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 ENV_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 class VariantError(ServelabError):
@@ -68,7 +58,15 @@ class Variant:
     claims: Claims
     path: Path
     notes: str = ""
+    server: str = DEFAULT_KIND
     _args: dict[str, str | bool] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def kind(self) -> ServerKind:
+        return KINDS[self.server]
+
+    def _concept(self, concept: str) -> str | bool | None:
+        return self._args.get(self.kind.flags[concept])
 
     def arg(self, flag: str, default: Any = None) -> Any:
         """The value of ``--flag`` in serve_args (``True`` for a bare switch), else ``default``."""
@@ -80,15 +78,15 @@ class Variant:
 
     @property
     def tensor_parallel_size(self) -> int:
-        return self.int_arg("--tensor-parallel-size", 1)
+        return self.int_arg(self.kind.flags["tensor_parallel_size"], 1)
 
     @property
     def pipeline_parallel_size(self) -> int:
-        return self.int_arg("--pipeline-parallel-size", 1)
+        return self.int_arg(self.kind.flags["pipeline_parallel_size"], 1)
 
     @property
     def data_parallel_size(self) -> int:
-        return self.int_arg("--data-parallel-size", 1)
+        return self.int_arg(self.kind.flags["data_parallel_size"], 1)
 
     @property
     def gpus_per_instance(self) -> int:
@@ -96,32 +94,36 @@ class Variant:
 
     @property
     def quantization(self) -> str | None:
-        value = self._args.get("--quantization")
+        value = self._concept("quantization")
         return value if isinstance(value, str) else None
 
     @property
     def max_model_len(self) -> int | None:
-        value = self._args.get("--max-model-len")
+        value = self._concept("max_model_len")
         return int(value) if isinstance(value, str) else None
 
     @property
+    def memory_utilization(self) -> float:
+        """The fraction of GPU memory the server takes (vLLM: --gpu-memory-utilization)."""
+        value = self._concept("memory_utilization")
+        return float(value) if isinstance(value, str) else self.kind.memory_utilization_default
+
+    @property
     def speculative_config(self) -> dict | None:
-        value = self._args.get("--speculative-config")
-        return json.loads(value) if isinstance(value, str) else None
+        return self.kind.speculative(self._args)
 
     @property
     def draft_model(self) -> str | None:
         spec = self.speculative_config or {}
         return spec.get("model") if spec.get("method") == "draft_model" else None
 
+    def server_args(self, port: int | None = None, host: str | None = None) -> list[str]:
+        """Arguments after the kind's command (``vllm serve``) for one instance."""
+        return self.kind.server_args(self.model, self.serve_args, host, port)
+
     def vllm_serve_args(self, port: int | None = None, host: str | None = None) -> list[str]:
-        """Arguments after ``vllm serve`` for one instance: the model first, as vLLM wants it."""
-        args = [self.model, *self.serve_args]
-        if host is not None:
-            args += ["--host", host]
-        if port is not None:
-            args += ["--port", str(port)]
-        return args
+        """The old name of ``server_args`` (``servelab variants`` prints it)."""
+        return self.server_args(port, host)
 
     def to_record(self) -> dict:
         """What a run stores about the variant it measured (runs.settings)."""
@@ -188,7 +190,8 @@ class _Problems:
                           f"allowed {allowed}")
 
 
-def variant_flag_map(args: list[str] | tuple[str, ...]) -> dict[str, str | bool]:
+def variant_flag_map(args: list[str] | tuple[str, ...],
+                     aliases: dict[str, str] = FLAG_ALIASES) -> dict[str, str | bool]:
     """``['--quantization', 'fp8', '--enforce-eager', '-tp=2']`` -> {flag: value or True}.
 
     A lenient look-up table for checking a variant file and answering ``Variant.arg``: it keeps
@@ -200,7 +203,7 @@ def variant_flag_map(args: list[str] | tuple[str, ...]) -> dict[str, str | bool]
     while i < len(args):
         token = args[i]
         flag, eq, value = token.partition("=")
-        flag = FLAG_ALIASES.get(flag, flag).replace("_", "-") if flag.startswith("-") else flag
+        flag = aliases.get(flag, flag).replace("_", "-") if flag.startswith("-") else flag
         if eq:
             parsed[flag] = value
         elif i + 1 < len(args) and not args[i + 1].startswith("-"):
@@ -241,6 +244,12 @@ def _build(path: Path, doc: yamlsource.YamlDoc, environ) -> Variant:
     notes = data.get("notes", "")
     if not isinstance(notes, str):
         p.add(("notes",), notes, "text")
+    server = data.get("server", DEFAULT_KIND)
+    if server not in KINDS:
+        p.add(("server",), server, "one of " + ", ".join(KINDS) + " (the server this variant "
+              "runs; default " + DEFAULT_KIND + ")")
+        server = DEFAULT_KIND  # check the rest as the default kind, to list every problem at once
+    kind = KINDS[server]
 
     serve_args = data.get("serve_args", [])
     args: dict[str, str | bool] = {}
@@ -251,19 +260,19 @@ def _build(path: Path, doc: yamlsource.YamlDoc, environ) -> Variant:
         if serve_args and not serve_args[0].startswith("-"):
             p.add(("serve_args", 0), serve_args[0], "a flag starting with -- (the model goes in "
                   "`model`, not in serve_args)")
-        args = variant_flag_map(serve_args)
-        _check_args(p, serve_args, args)
+        args = variant_flag_map(serve_args, kind.flag_aliases)
+        kind.check_args(serve_args, args, p.add)
 
     gpus, instances = data.get("gpus", 1), data.get("instances", 1)
     for key, value in (("gpus", gpus), ("instances", instances)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             p.add((key,), value, "a whole number >= 1")
-    claims = _check_claims(p, data.get("claims"), args)
+    claims = _check_claims(p, data.get("claims"), args, kind)
 
     if not p.items:
         per_instance = 1
-        for flag in ("--tensor-parallel-size", "--pipeline-parallel-size", "--data-parallel-size"):
-            value = args.get(flag)
+        for concept in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            value = args.get(kind.flags[concept])
             per_instance *= int(value) if isinstance(value, str) else 1
         if gpus != per_instance * instances:
             p.add(("gpus",), gpus, f"{per_instance * instances} = tensor x pipeline x data "
@@ -274,65 +283,10 @@ def _build(path: Path, doc: yamlsource.YamlDoc, environ) -> Variant:
     return Variant(name=name, description=description.strip(), model=served or model,
                    default_model=model, model_env=model_env, serve_args=tuple(serve_args),
                    gpus=gpus, instances=instances, claims=claims, path=path,
-                   notes=notes.strip(), _args=args)
+                   notes=notes.strip(), server=server, _args=args)
 
 
-def _check_args(p: _Problems, serve_args: list[str], args: dict) -> None:
-    def where(flag: str) -> tuple:
-        for i, token in enumerate(serve_args):
-            if token.split("=", 1)[0].replace("_", "-") == flag or FLAG_ALIASES.get(
-                    token.split("=", 1)[0]) == flag:
-                return ("serve_args", i)
-        return ("serve_args",)
-
-    for flag in RESERVED_FLAGS:
-        if flag in args:
-            p.add(where(flag), flag, "no --host/--port/--model: servelab sets where the server "
-                  "listens, and the model comes from `model`")
-    for flag in INT_FLAGS:
-        value = args.get(flag)
-        if value is not None and (not isinstance(value, str) or not value.isdigit()
-                                  or int(value) < 1):
-            p.add(where(flag), f"{flag} {value}", f"{flag} followed by a whole number >= 1")
-    util = args.get("--gpu-memory-utilization")
-    if util is not None:
-        try:
-            ok = 0 < float(util) <= 1
-        except (TypeError, ValueError):
-            ok = False
-        if not ok:
-            p.add(where("--gpu-memory-utilization"), util, "a fraction in (0, 1], e.g. 0.9")
-    quant = args.get("--quantization")
-    if quant is not None and quant not in QUANTIZATION_METHODS:
-        p.add(where("--quantization"), quant, "one of " + ", ".join(QUANTIZATION_METHODS))
-    spec = args.get("--speculative-config")
-    if spec is not None:
-        try:
-            config = json.loads(spec) if isinstance(spec, str) else None
-        except json.JSONDecodeError as exc:
-            config, reason = None, str(exc)
-        else:
-            reason = "a JSON object"
-        if not isinstance(config, dict):
-            p.add(where("--speculative-config"), spec, f"JSON ({reason}), e.g. "
-                  '\'{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 4}\'')
-        else:
-            if config.get("method") not in SPECULATIVE_METHODS:
-                p.add(where("--speculative-config"), config.get("method"),
-                      "method one of " + ", ".join(SPECULATIVE_METHODS))
-            k = config.get("num_speculative_tokens")
-            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-                p.add(where("--speculative-config"), k, "num_speculative_tokens >= 1")
-            if config.get("method") == "draft_model" and not (
-                    isinstance(config.get("model"), str) and HF_ID_RE.match(config["model"])):
-                p.add(where("--speculative-config"), config.get("model"),
-                      "a draft model's Hugging Face id under \"model\"")
-    for flag in ("--speculative-model", "--num-speculative-tokens"):
-        if flag in args:
-            p.add(where(flag), flag, "--speculative-config JSON (vLLM removed the separate flags)")
-
-
-def _check_claims(p: _Problems, claims: Any, args: dict) -> Claims | None:
+def _check_claims(p: _Problems, claims: Any, args: dict, kind: ServerKind) -> Claims | None:
     if not isinstance(claims, dict):
         p.add(("claims",), claims, "a mapping with " + ", ".join(CLAIM_KEYS))
         return None
@@ -352,15 +306,16 @@ def _check_claims(p: _Problems, claims: Any, args: dict) -> Claims | None:
     if spec is not None and spec not in SPECULATIVE_METHODS:
         p.add(("claims", "speculative"), spec, "null or one of " + ", ".join(SPECULATIVE_METHODS))
     # The claims must describe the arguments, or preflight and verify would check the wrong thing.
-    spec_json = args.get("--speculative-config")
+    spec_flag, quant_flag = kind.flags["speculative_config"], kind.flags["quantization"]
     try:
-        method = json.loads(spec_json).get("method") if isinstance(spec_json, str) else None
+        config = kind.speculative(args)
+        method = config.get("method") if config is not None else None
     except (json.JSONDecodeError, AttributeError):
         method = spec
     if method != spec:
-        p.add(("claims", "speculative"), spec, f"{method!r}, the method in --speculative-config")
-    if args.get("--quantization") == "fp8" and (weights != "fp8"):
-        p.add(("claims", "weights"), weights, "'fp8' (serve_args ask for --quantization fp8)")
+        p.add(("claims", "speculative"), spec, f"{method!r}, the method in {spec_flag}")
+    if args.get(quant_flag) == "fp8" and (weights != "fp8"):
+        p.add(("claims", "weights"), weights, f"'fp8' (serve_args ask for {quant_flag} fp8)")
     if acts == "fp8" and (cc is None or cc < 8.9):
         p.add(("claims", "min_compute_capability"), cc,
               ">= 8.9: FP8 activations (W8A8) need Ada or Hopper; below that vLLM runs W8A16")

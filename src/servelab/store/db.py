@@ -98,7 +98,8 @@ class Store:
         source = self.read_json_sql(table, self.batch_path)
         self.con.execute(f"{verb} {table} BY NAME SELECT * FROM {source}")
 
-    def append_rows(self, table: str, rows: list[dict], replace: bool = False) -> None:
+    def append_rows(self, table: str, rows: list, replace: bool = False) -> None:
+        """Rows of the table's ``store.rows`` type (orjson writes the dataclasses natively)."""
         if rows:
             self.append_ndjson(table, b"\n".join(orjson.dumps(r) for r in rows) + b"\n",
                                replace=replace)

@@ -13,6 +13,7 @@ from pathlib import Path
 from servelab.core.errors import ServelabError
 from servelab.store import runs as run_record
 from servelab.store.db import Store, open_db
+from servelab.store.rows import WorkerAccount
 from servelab.store.spool import find_spools, read_spool
 
 
@@ -86,10 +87,9 @@ def _ingest_one(store: Store, path: Path) -> IngestReport:
         existing = con.execute("SELECT produced, status FROM run_workers WHERE run_id = ? AND "
                                "worker = ?", [run_id, worker]).fetchone()
         if existing is None:
-            con.execute("INSERT INTO run_workers (run_id, worker, host, produced, stored, "
-                        "in_flight_lost, status, spool_path) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [run_id, worker, spool.meta.get("host", socket.gethostname()), produced,
-                         after, spool.in_flight_lost, "recovered", str(path)])
+            store.append_rows("run_workers", [WorkerAccount(
+                run_id, worker, spool.meta.get("host", socket.gethostname()), produced, after,
+                spool.in_flight_lost, "recovered", str(path))])
         else:
             status = existing[1] if existing[1] == "finished" else "recovered"
             con.execute("UPDATE run_workers SET produced = greatest(coalesce(produced, 0), ?), "

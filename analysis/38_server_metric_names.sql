@@ -1,0 +1,29 @@
+-- server_metric_names: the one map from a canonical server metric (the name the server views
+-- read) to the name each server kind exposes on /metrics; one row per (kind, canonical, exposed).
+--   kind      = the server a variant runs ('vllm' today; a new kind adds its rows here and the
+--               server views read it unchanged).
+--   canonical = gauges: running, waiting (requests; summed over engines), kv_usage (KV-cache use
+--               0..1, averaged over engines), kv_usage_legacy (the same figure under vLLM's pre-0.9
+--               name, read only when kv_usage is absent);
+--               counters (ending in _total): preemptions_total, prompt_tokens_total,
+--               generation_tokens_total, prefix_cache_queries_total, prefix_cache_hits_total (both
+--               in tokens), spec_drafts_total, spec_draft_tokens_total, spec_accepted_tokens_total.
+--   exposed   = the metric name as the server writes it; server_series also matches the spelling
+--               with the first ':' written '_' (what a Prometheus-style relabelling scraper stores).
+-- A sample is matched on its name alone, so the names of different kinds must not collide (each
+-- server prefixes its own: vllm:, sglang:, ...).
+CREATE OR REPLACE VIEW server_metric_names AS
+SELECT * FROM (VALUES
+    ('vllm', 'running', 'vllm:num_requests_running'),
+    ('vllm', 'waiting', 'vllm:num_requests_waiting'),
+    ('vllm', 'kv_usage', 'vllm:kv_cache_usage_perc'),
+    ('vllm', 'kv_usage_legacy', 'vllm:gpu_cache_usage_perc'),
+    ('vllm', 'preemptions_total', 'vllm:num_preemptions_total'),
+    ('vllm', 'prompt_tokens_total', 'vllm:prompt_tokens_total'),
+    ('vllm', 'generation_tokens_total', 'vllm:generation_tokens_total'),
+    ('vllm', 'prefix_cache_queries_total', 'vllm:prefix_cache_queries_total'),
+    ('vllm', 'prefix_cache_hits_total', 'vllm:prefix_cache_hits_total'),
+    ('vllm', 'spec_drafts_total', 'vllm:spec_decode_num_drafts_total'),
+    ('vllm', 'spec_draft_tokens_total', 'vllm:spec_decode_num_draft_tokens_total'),
+    ('vllm', 'spec_accepted_tokens_total', 'vllm:spec_decode_num_accepted_tokens_total')
+) AS t(kind, canonical, exposed);

@@ -1,0 +1,95 @@
+"""The run's identity and its ``runs`` row: id, target, model (resolved from the target when the
+profile says ``auto``), seed, prompt salt, the host and library versions, the variant's GPUs."""
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import secrets
+import socket
+import sys
+import time
+
+from servelab import __version__
+from servelab.core.timeouts import HTTP_PROBE_S
+from servelab.loadgen.options import Settings
+from servelab.store.rows import ClassRow, RunRow, class_rows
+
+log = logging.getLogger("servelab.loadgen")
+
+
+class RunRecord:
+    def __init__(self, run_id: str, settings: Settings, profile, shaped: bool, target: str,
+                 workers: int):
+        self.run_id = run_id
+        self.settings = settings
+        self.profile = profile
+        self.shaped = shaped
+        self.target = target
+        self.workers = workers        # 0: a local run, no worker processes
+        self.started_unix = time.time()
+        self.model = _resolve_model(settings, profile, target)
+        self.salt = secrets.token_hex(3) if profile.salt else None
+        self.seed = profile.seed if settings.seed is None else settings.seed
+        self.host_info = _host_info()
+        self.gpus = _variant_gpus(settings.variant)
+        self.profile_text = profile.path.read_text(encoding="utf-8")
+
+    def announcement(self, slots: dict) -> dict:
+        """What every worker needs to take part (the RUN message)."""
+        return {"run_id": self.run_id, "slots": slots, "settings": self.settings.as_json(),
+                "profile_path": str(self.profile.path), "profile_text": self.profile_text,
+                "seed": self.seed, "salt": self.salt, "model": self.model,
+                "target": self.target}
+
+    def row(self, status: str, notes: str | None = None,
+            extra_settings: dict | None = None) -> RunRow:
+        p, s = self.profile, self.settings
+        settings = dict(s.as_json(), seed=self.seed, salt=self.salt, shaped=self.shaped)
+        settings.update(extra_settings or {})
+        return RunRow(
+            run_id=self.run_id, started_unix=self.started_unix,
+            finished_unix=time.time() if status != "running" else None,
+            profile_name=p.name, profile_path=str(p.path), profile_text=self.profile_text,
+            load_kind=p.load.kind, target=self.target, variant=s.variant or None,
+            hardware=s.hardware or None, model=self.model, gpus=self.gpus, tags=s.tags,
+            servelab_version=__version__, workers=self.workers, status=status,
+            host_info=self.host_info, flags=[], settings=settings, notes=notes)
+
+    def class_rows(self) -> list[ClassRow]:
+        return class_rows(self.run_id, self.profile)
+
+
+def _resolve_model(settings: Settings, profile, target: str) -> str | None:
+    from servelab.profiles.tokens import resolve_model
+
+    model = settings.served_model or (profile.model if profile.model != "auto" else None)
+    if model is None:
+        try:
+            model = resolve_model(target, HTTP_PROBE_S)
+        except Exception as exc:  # noqa: BLE001 - requests will show what the server says
+            log.warning("servelab: could not read %s/v1/models (%s); sending no model name",
+                        target, exc)
+    return model
+
+
+def _host_info() -> dict:
+    # Read on the event loop: platform.platform() may start a subprocess, which gevent only
+    # allows there, not in the database thread.
+    import duckdb
+    import locust
+
+    return {"hostname": socket.gethostname(), "cpus": os.cpu_count(),
+            "python": sys.version.split()[0], "platform": platform.platform(),
+            "locust": locust.__version__, "duckdb": duckdb.__version__}
+
+
+def _variant_gpus(variant: str) -> int | None:
+    if not variant:
+        return None
+    try:
+        from servelab.specs.variants import load_variant
+
+        return load_variant(variant).gpus
+    except Exception:  # noqa: BLE001 - a variant name that is only a label
+        return None

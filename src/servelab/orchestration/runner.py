@@ -1,0 +1,239 @@
+"""Run one traffic profile against a server (or a simulator started for it) and record it in DuckDB:
+what ``servelab run`` does, callable in-process (the matrix calls it once per variant).
+
+Locust runs in child processes (``python -m locust -f loadtests/locustfile.py``), so gevent's
+monkey-patching never touches this process. Progress comes from the status file the master
+rewrites every second; the database is opened only after the master has closed it, because
+DuckDB lets one process hold a file and the master is that process while it runs.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servelab.core import timeouts
+from servelab.core.errors import ServelabError
+from servelab.core.procs import Child, free_port, log_tail, spawn
+
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,100}")
+
+
+@dataclass
+class RunOptions:
+    """One run; the fields are ``servelab run``'s flags."""
+    profile: str | Path
+    target: str | None = None        # None: start a simulator on a free port for this run
+    variant: str | None = None
+    hardware: str | None = None
+    faults: str | None = None        # the simulator's --faults (only without a target)
+    workers: int = 0                 # Locust worker processes; 0: the master runs the users
+    db: str | Path | None = None     # None: $SERVELAB_DB or results/servelab.duckdb
+    tags: dict = field(default_factory=dict)
+    seed: int | None = None
+    run_id: str | None = None        # None: time stamp + random suffix
+    spool_dir: str | Path | None = None
+    late_ms: float = 10.0
+    drain_timeout_s: float = timeouts.DRAIN_S
+    timeouts: timeouts.RequestTimeouts = timeouts.REQUEST
+    quiet: bool = False              # no live progress, only the summary
+
+
+@dataclass
+class RunResult:
+    run_id: str
+    exit_code: int          # 0 when the run completed, 1 when it ended otherwise
+    status: str             # the runs table's status: completed, interrupted, failed ...
+    db: Path
+    logs: Path
+    interrupted: bool = False   # Ctrl-C reached this process during the run
+
+
+def run_profile(opt: RunOptions) -> RunResult:
+    """Replay the profile, print the per-stage summary, and say how the run ended. Bad input and
+    a run that never started raise ``ServelabError``."""
+    from servelab.core.paths import default_db, loadtests_dir
+    from servelab.loadgen.options import new_run_id
+    from servelab.profiles import load_profile
+
+    profile = load_profile(opt.profile)
+    if opt.workers < 0:
+        raise ServelabError("--workers: must be 0 (one local process) or more")
+    db = Path(opt.db) if opt.db else default_db()
+    run_id = opt.run_id or new_run_id()
+    if not RUN_ID.fullmatch(run_id):
+        raise ServelabError(f"--run-id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-'")
+    _claim_run_id(db, run_id)
+    locustfile = loadtests_dir() / "locustfile.py"
+    if not locustfile.is_file():
+        raise ServelabError(f"{locustfile}: missing; set SERVELAB_HOME to the servelab checkout")
+    logs = db.parent / "logs" / run_id
+    logs.mkdir(parents=True, exist_ok=True)
+    status_file = logs / "status.json"
+    sim = None
+    try:
+        if opt.target:
+            target = opt.target.rstrip("/")
+            check_target(target)
+            hardware = opt.hardware
+        else:
+            sim, target = start_simulator(opt, logs)
+            hardware = opt.hardware or "L40S"
+        cmd = locust_command(opt, locustfile, target, hardware, db, run_id, status_file)
+        code, interrupted = _supervise_locust(cmd, opt.workers, logs, status_file, opt.quiet,
+                                              profile)
+    finally:
+        if sim is not None:
+            sim.stop()
+    status = _report(db, run_id, status_file, logs, code)
+    return RunResult(run_id, 0 if status == "completed" else 1, status, db, logs, interrupted)
+
+
+def _claim_run_id(db: Path, run_id: str) -> None:
+    from servelab.store.db import open_db
+
+    con = open_db(db)  # creates the file, or fails now if another process holds it
+    try:
+        taken = con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    finally:
+        con.close()
+    if taken:
+        raise ServelabError(f"--run-id {run_id}: {db} already has a run with that id; "
+                            "choose another name")
+
+
+def check_target(target: str) -> None:
+    """The target must answer HTTP before a run starts (any status will do)."""
+    try:
+        urllib.request.urlopen(target + "/v1/models", timeout=timeouts.HTTP_PROBE_S).close()
+    except urllib.error.HTTPError:
+        return
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ServelabError(f"--target {target}: not reachable ({reason}); start the server "
+                            "first, or leave out --target to use the simulator") from None
+
+
+def start_simulator(opt: RunOptions, logs: Path) -> tuple[Child, str]:
+    """``servelab sim`` on a free port; returns the child and its base URL."""
+    cmd = [sys.executable, "-m", "servelab.commands.sim", "--port", "0",
+           "--ready-file", str(logs / "sim.ready")]
+    for flag, value in (("--variant", opt.variant), ("--hardware", opt.hardware),
+                        ("--faults", opt.faults)):
+        if value:
+            cmd += [flag, value]
+    if opt.seed is not None:
+        cmd += ["--seed", str(opt.seed)]
+    sim = spawn("the simulator", cmd, logs / "sim.log", ready_file=logs / "sim.ready")
+    return sim, sim.wait_ready(timeouts.SIM_READY_S).rstrip("/")
+
+
+def locust_command(opt: RunOptions, locustfile: Path, target: str, hardware: str | None,
+                   db: Path, run_id: str, status_file: Path) -> list[str]:
+    """The headless Locust command line (the master's, or the single local process's)."""
+    spool = Path(opt.spool_dir) if opt.spool_dir else db.parent / "spool"
+    t = opt.timeouts
+    cmd = [sys.executable, "-m", "locust", "-f", str(locustfile), "--headless",
+           "--host", target, "--profile", str(opt.profile), "--db", str(db),
+           "--run-id", run_id, "--status-file", str(status_file),
+           "--spool-dir", str(spool), "--exit-code-on-error", "0", "--only-summary",
+           "--drain-timeout", str(opt.drain_timeout_s), "--late-ms", str(opt.late_ms),
+           "--timeout-connect", str(t.connect),
+           "--timeout-first-token", str(t.first_token),
+           "--timeout-between-chunks", str(t.between_chunks),
+           "--timeout-total", str(t.total)]
+    if opt.tags:
+        cmd += ["--tag", ",".join(f"{k}={v}" for k, v in opt.tags.items())]
+    if opt.seed is not None:
+        cmd += ["--seed", str(opt.seed)]
+    if opt.variant:
+        cmd += ["--variant", opt.variant]
+    if hardware:
+        cmd += ["--hardware", hardware]
+    return cmd
+
+
+def _supervise_locust(cmd: list[str], workers: int, logs: Path, status_file: Path, quiet: bool,
+                      profile) -> tuple[int | None, bool]:
+    """Start the master (and workers), show progress until the master exits, then make sure no
+    child is left. Returns the master's exit status and whether Ctrl-C interrupted the run."""
+    from servelab.orchestration.progress import watch
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    master_cmd = list(cmd)
+    if workers:
+        port = free_port()
+        master_cmd += ["--master", "--master-bind-host", "127.0.0.1",
+                       "--master-bind-port", str(port), "--expect-workers", str(workers),
+                       "--expect-workers-max-wait", f"{timeouts.WORKERS_READY_S:g}"]
+    master = spawn("the Locust master", master_cmd, logs / "master.log", env=env)
+    children = []
+    for i in range(workers):
+        wcmd = [sys.executable, "-m", "locust", "-f", cmd[cmd.index("-f") + 1], "--worker",
+                "--master-host", "127.0.0.1", "--master-port", str(port)]
+        children.append(spawn(f"Locust worker {i}", wcmd, logs / f"worker{i}.log", env=env))
+    interrupted = False
+    try:
+        watch(master, status_file, quiet, profile)
+    except KeyboardInterrupt:
+        # Locust's own Ctrl-C path: the master drains the workers and writes the record.
+        interrupted = True
+        master.send_signal(signal.SIGINT)
+        try:
+            master.wait(timeouts.MASTER_EXIT_S)
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        for child in children:
+            try:
+                child.wait(timeouts.STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+            child.stop()
+        code = master.stop()
+    return code, interrupted
+
+
+def _report(db: Path, run_id: str, status_file: Path, logs: Path, code: int | None) -> str:
+    """Print the analysis layer's summary of the run and how it ended; returns its status."""
+    import duckdb
+
+    from servelab.analysis.db import open_for_reading
+    from servelab.analysis.summary import make_console, print_summary
+    from servelab.orchestration.progress import read_status
+    from servelab.store.runs import saturation
+
+    console = make_console()
+    con = open_for_reading(db)
+    try:
+        row = con.execute("SELECT status, notes FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        if row is None:
+            raise ServelabError(f"the run did not start (Locust exit {code}); "
+                                f"{logs / 'master.log'} ends with:\n"
+                                f"{log_tail(logs / 'master.log', 30)}")
+        status, notes = row
+        try:
+            print_summary(con, run_id, console)
+        except duckdb.Error as exc:  # the rows are stored; `servelab summary` can try again
+            console.print(f"[yellow]the summary failed ({exc})[/]")
+        for s in saturation(con, run_id):
+            console.print(f"[bold red]generator saturated[/]: worker {s.worker} in stage "
+                          f"{s.stage}: loop-lag p99 {s.loop_lag_p99_ms:.1f} ms, CPU "
+                          f"{s.cpu_percent:.0f}% (typical second); add --workers or hosts")
+    finally:
+        con.close()
+    final = read_status(status_file)
+    console.print(f"run {run_id}: {status}; {final.get('stored', '?')} requests stored of "
+                  f"{final.get('produced', '?')} produced; database {db}; logs {logs}")
+    for note in (notes or "").split("; "):
+        if note:
+            console.print(f"[yellow]note[/]: {note}")
+    if status != "completed":
+        console.print(f"[red]the run ended {status}[/]")
+    return status

@@ -1,0 +1,112 @@
+"""The foreground simulated server behind ``servelab sim``: vLLM's start-up log, then serving
+until SIGINT/SIGTERM, with vLLM's periodic engine stats lines and a ready file for the parent.
+
+Exit codes follow vLLM's: 1 when the engine cannot start (the model or its KV cache does not fit;
+vLLM's error line on stderr), 0 after a clean shutdown.
+"""
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+from servelab.core.procs import write_ready_file
+from servelab.sim.engine.kv_sizing import plan_kv_cache
+from servelab.sim.engine.startup_log import format_line, startup_lines
+from servelab.sim.server.server import SimServer, new_event_loop
+from servelab.specs.engine_config import EngineConfig
+
+
+@dataclass
+class ServeOptions:
+    """How ``servelab sim`` serves (its flags other than the engine's configuration)."""
+    host: str = "127.0.0.1"
+    port: int = 8000
+    seed: int = 0
+    faults: str | None = None
+    output_divergence: float | None = None
+    timer_guard_ms: float = 1.0
+    log_stats_interval: float = 5.0
+    ready_file: str | None = None
+
+
+def log(line: str) -> None:
+    print(format_line(line), flush=True)
+
+
+def _vllm_error_line(message: str) -> str:
+    # vLLM dies with a traceback ending in the exception; the OOM message already names its type.
+    return message if message.startswith("torch.") else f"ValueError: {message}"
+
+
+async def log_stats(server: SimServer, interval_s: float = 5.0, write=print) -> None:
+    """vLLM's periodic engine log line, per engine, while there is traffic."""
+    last = [(m.prompt_tokens, m.generation_tokens) for m in server.frontend]
+    while True:
+        await asyncio.sleep(interval_s)
+        for i, (engine, m) in enumerate(zip(server.engines, server.frontend)):
+            p0, g0 = last[i]
+            last[i] = (m.prompt_tokens, m.generation_tokens)
+            s = engine.stats
+            if m.prompt_tokens == p0 and m.generation_tokens == g0 and not s.num_running:
+                continue
+            q, h = s.prefix_cache_queries_total, s.prefix_cache_hits_total
+            prompt = (m.prompt_tokens - p0) / interval_s
+            gen = (m.generation_tokens - g0) / interval_s
+            write(f"Engine {i:03d}: Avg prompt throughput: {prompt:.1f} tokens/s, Avg generation "
+                  f"throughput: {gen:.1f} tokens/s, Running: {s.num_running} reqs, Waiting: "
+                  f"{s.num_waiting} reqs, GPU KV cache usage: {100 * s.kv_usage:.1f}%, Prefix "
+                  f"cache hit rate: {100 * h / q if q else 0.0:.1f}%, simulator lag (last step): "
+                  f"{1e3 * m.lag_last:.2f} ms")
+
+
+
+
+def serve(config: EngineConfig, instances: int, salt: str | None, opts: ServeOptions) -> int:
+    """Print the start-up log, serve until a signal, shut down; the exit code."""
+    log(f"servelab sim: {config.model.hf_id} on {config.hardware.name} "
+        f"(TP={config.tensor_parallel_size}, DP={config.data_parallel_size}, "
+        f"instances={instances}, kernel path {config.quant.name})")
+    plan = plan_kv_cache(config)
+    for line in startup_lines(config, plan, opts.seed):
+        log(line)
+    if plan.errors:
+        print(_vllm_error_line(plan.errors[0]), file=sys.stderr, flush=True)
+        return 1
+    server = SimServer(config, seed=opts.seed, faults=opts.faults, instances=instances,
+                       output_divergence=opts.output_divergence, divergence_salt=salt,
+                       guard_s=max(opts.timer_guard_ms, 0.0) / 1000.0, log=log)
+    if server.dev_mode:
+        log("WARNING SECURITY WARNING: Development endpoints are enabled! This should NOT be used "
+            "in production!")
+
+    gc.freeze()  # start-up objects (corpus, tokenizer tables) stay out of later GC passes
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    stats_task = None
+    try:
+        url = loop.run_until_complete(server.start(opts.host, opts.port))
+        log(f"Serving {', '.join(server.served.names)} at {url} (max_model_len "
+            f"{config.max_model_len}; {len(server.engines)} engine(s))")
+        if server.fault_plan.spec.enabled:
+            log(f"Fault injection: {opts.faults}")
+        if opts.ready_file:
+            write_ready_file(opts.ready_file, url)
+        if opts.log_stats_interval > 0:
+            stats_task = loop.create_task(log_stats(server, opts.log_stats_interval, log))
+        loop.run_until_complete(stop.wait())
+        log("Shutting down")
+    finally:
+        if stats_task is not None:
+            stats_task.cancel()
+        loop.run_until_complete(server.stop())
+        loop.close()
+        if opts.ready_file and os.path.exists(opts.ready_file):
+            os.remove(opts.ready_file)
+    return 0

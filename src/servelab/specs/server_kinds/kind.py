@@ -1,0 +1,120 @@
+"""What servelab needs to know about one kind of LLM server (vLLM now; SGLang next).
+
+A ``ServerKind`` is plain data plus the few functions that differ between frameworks: how its
+command line is spelled, which flags carry the settings servelab reasons about, how its start-up
+log and ``/metrics`` are read. Backends, Compose generation, preflight and verify ask the
+variant's kind instead of assuming vLLM, so adding a framework is one new adapter module.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass
+class ServerFacts:
+    """What a server's log and ``/metrics`` showed; ``None`` / empty where they said nothing.
+
+    Field names are vLLM's where vLLM coined the concept; another kind's grammar fills the same
+    fields so verify judges every kind by one set of rules."""
+
+    vllm_version: str | None = None
+    model: str | None = None
+    engine_config_seen: bool = False         # vLLM's "Initializing a V1 LLM engine" line
+    quantization: str | None = None          # from the engine config line (None: unquantized)
+    dtype: str | None = None
+    tensor_parallel_size: int | None = None
+    data_parallel_size: int | None = None
+    speculative: dict | None = None          # {"method": ..., "num_speculative_tokens": ...}
+    speculative_seen: bool = False           # the log stated the speculative config (None or not)
+    kernels: list[str] = field(default_factory=list)   # "CutlassFP8ScaledMMLinearKernel for ..."
+    marlin_conversion: str | None = None     # gptq_marlin / awq_marlin chosen at runtime
+    forced_quantization: str | None = None   # slow kernel forced by an explicit --quantization
+    fp8_marlin_fallback: bool = False
+    custom_allreduce_disabled: bool = False
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_concurrency_len: int | None = None
+    available_kv_gib: float | None = None
+    model_weights_gib: float | None = None
+    max_num_batched_tokens: int | None = None
+    errors: list[str] = field(default_factory=list)
+    # from /metrics
+    metrics_seen: bool = False
+    cache_config: dict | None = None
+    engines: list[str] = field(default_factory=list)
+    spec_decode_metrics: bool = False
+    metric_model_name: str | None = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class LinearPath:
+    """Which linear-layer path the evidence shows (a kind's kernel names, read into three facts)."""
+    fp8_native: bool        # W8A8 on FP8 tensor cores
+    fp8_weight_only: bool   # FP8 weights, 16-bit activations (vLLM: Marlin W8A16)
+    int4: bool              # 4-bit weights, 16-bit activations
+
+
+HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+# Claims name speculative methods in vLLM's words; another kind's adapter maps its own onto these.
+SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp",
+                       "suffix")
+
+# Concepts a variant's serve_args may set, each spelled by the kind's own flag (ServerKind.flags).
+FLAG_CONCEPTS = ("model", "host", "port", "tensor_parallel_size", "pipeline_parallel_size",
+                 "data_parallel_size", "quantization", "max_model_len", "memory_utilization",
+                 "speculative_config")
+
+
+@dataclass(frozen=True)
+class ServerKind:
+    name: str                        # the variant's `server:` value
+    label: str                       # how messages name it ("vLLM")
+    command: tuple[str, ...]         # what starts it on a host: ("vllm", "serve")
+    install_hint: str                # what to do when command[0] is not on PATH
+    image: str                       # the Compose image (an ${ENV:-default} expression)
+    image_entrypoint: tuple[str, ...]  # the part of `command` the image already runs
+    health_path: str
+    reset_prefix_cache_path: str
+    dev_env: dict[str, str]          # environment that turns reset_prefix_cache on
+    flags: dict[str, str]            # FLAG_CONCEPTS -> this kind's spelling
+    flag_aliases: dict[str, str]     # short spellings -> long ones
+    model_positional: bool           # the model comes first, without a flag
+    memory_utilization_default: float
+    memory_refusal: str              # what the server says when the GPU is already too full
+    metrics: dict[str, str]          # canonical metric name -> the name /metrics exposes
+    check_args: Callable             # (serve_args, flag map, problem(field, found, allowed)) -> None
+    parse_log: Callable              # (text, ServerFacts) -> ServerFacts
+    parse_metrics: Callable          # (text, ServerFacts) -> ServerFacts
+    linear_path: Callable            # (ServerFacts) -> LinearPath
+    speculative: Callable            # (flag map) -> {"method", "num_speculative_tokens"} | None
+
+    def __post_init__(self) -> None:
+        missing = [c for c in FLAG_CONCEPTS if c not in self.flags]
+        if missing:
+            raise ValueError(f"server kind {self.name}: flags lacks {', '.join(missing)}")
+
+    @property
+    def memory_utilization_flag(self) -> str:
+        return self.flags["memory_utilization"]
+
+    def server_args(self, model: str, serve_args, host: str | None = None,
+                    port: int | None = None) -> list[str]:
+        """Everything after ``command``: the model, the variant's arguments, where to listen."""
+        args = [model] if self.model_positional else [self.flags["model"], model]
+        args += list(serve_args)
+        if host is not None:
+            args += [self.flags["host"], host]
+        if port is not None:
+            args += [self.flags["port"], str(port)]
+        return args
+
+    def container_command(self, model: str, serve_args, port: int) -> list[str]:
+        """The Compose ``command``: what follows the image's own entrypoint."""
+        rest = list(self.command[len(self.image_entrypoint):])
+        return rest + self.server_args(model, serve_args, "0.0.0.0", port)
