@@ -246,7 +246,7 @@ def record(db_path: str | Path, run_id: str, verdict: Verdict, extra: dict | Non
                                 f"`servelab runs --db {db_path}`")
         con.execute(
             "UPDATE runs SET verification = ?::JSON, flags = list_distinct(list_concat("
-            "list_filter(coalesce(flags, []::VARCHAR[]), x -> x NOT IN (?, ?)), ?::VARCHAR[])) "
+            "list_filter(coalesce(flags, []::VARCHAR[]), lambda x: x NOT IN (?, ?)), ?::VARCHAR[])) "
             "WHERE run_id = ?",
             [verdict.to_json(extra), FLAG_UNVERIFIED, FLAG_MISMATCH, verdict.flags, run_id])
     finally:
