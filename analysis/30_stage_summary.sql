@@ -9,7 +9,9 @@
 --   order statistics, like numpy's default) are over completed requests (ok):
 --   ttft_*, tpot_*, e2e_* from request_metrics; itl_* = the token view (itl_tokens: one sample per
 --   token), itl_chunk_* = the chunk view (itl_chunks: one sample per chunk gap) for contrast, both
---   from itl_stage_quantiles (exactly quantile_cont over those views, computed in two passes).
+--   from itl_stage_quantiles: means exact, percentiles SKETCHED (DDSketch, within 1% relative of
+--   quantile_cont over those views; itl_quantile_method says so; itl_stage_quantiles_exact and
+--   `servelab summary --exact` give the exact ones).
 -- Error-adjusted percentiles *_adj_ms: over ALL counted requests with a failed request's value
 --   taken as +infinity (infinitely slow), so p99_adj is infinite once more than ~1% fail.
 -- Throughput: output_tokens_per_s = sum(chunk_arrivals.usage_tokens of chunks that ARRIVED in the
@@ -73,7 +75,8 @@ itl_stats AS (
            max(p99_ms) FILTER (WHERE view = 'token') AS itl_p99_ms,
            max(mean_ms) FILTER (WHERE view = 'chunk') AS itl_chunk_mean_ms,
            max(p50_ms) FILTER (WHERE view = 'chunk') AS itl_chunk_p50_ms,
-           max(p99_ms) FILTER (WHERE view = 'chunk') AS itl_chunk_p99_ms
+           max(p99_ms) FILTER (WHERE view = 'chunk') AS itl_chunk_p99_ms,
+           any_value(method) AS itl_quantile_method
     FROM itl_stage_quantiles
     GROUP BY run_id, stage, class_name
 ),
@@ -160,6 +163,7 @@ SELECT
     it.itl_chunk_mean_ms,
     it.itl_chunk_p50_ms,
     it.itl_chunk_p99_ms,
+    it.itl_quantile_method,
     r.tpot_mean_ms,
     r.tpot_q[1] AS tpot_p50_ms,
     r.tpot_q[2] AS tpot_p90_ms,

@@ -1,5 +1,6 @@
 -- server_series: the scraped server metrics that the server views use (server_metric_names), one
--- row per run x series x wall-clock second (second = floor(t_unix)); a series is (name, labels).
+-- row per run x metric x series x wall-clock second (second = floor(t_unix)); a series is (name,
+-- labels), read once per canonical metric it stands for.
 --   name   = the exposed name (server_metric_names.exposed; 'vllm_x' as scraped reads 'vllm:x');
 --   metric = its canonical name (server_metric_names.canonical), what the server views filter on.
 -- Within a second a series keeps its last sample (t_unix, value).
@@ -48,4 +49,4 @@ SELECT
     t_unix - lag(t_unix) OVER w AS dt_s,
     metric
 FROM kept
-WINDOW w AS (PARTITION BY run_id, name, series ORDER BY second);
+WINDOW w AS (PARTITION BY run_id, name, metric, series ORDER BY second);

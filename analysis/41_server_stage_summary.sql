@@ -36,7 +36,8 @@ gauges AS (
 in_window AS (
     SELECT
         s.run_id, s.stage, x.name, x.metric, x.series, x.t_unix, x.delta,
-        row_number() OVER (PARTITION BY s.run_id, s.stage, x.name, x.series ORDER BY x.t_unix) AS nth
+        row_number() OVER (PARTITION BY s.run_id, s.stage, x.name, x.metric, x.series
+                           ORDER BY x.t_unix) AS nth
     FROM stages s
     JOIN server_series x
       ON x.run_id = s.run_id

@@ -17,7 +17,7 @@ from servelab.core.errors import ServelabError
 from servelab.core.paths import analysis_dir
 from servelab.core.procs import spawn
 
-EXPECTED_VIEWS = {"request_metrics", "chunk_arrivals", "itl_chunks", "itl_tokens", "itl_stage_quantiles", "stage_summary",
+EXPECTED_VIEWS = {"request_metrics", "chunk_arrivals", "itl_chunks", "itl_tokens", "itl_stage_quantiles", "itl_stage_quantiles_exact", "stage_summary",
                   "client_timeline", "server_metric_names", "server_series", "server_timeline", "server_stage_summary", "run_overview",
                   "compare", "slo_frontier", "fidelity_summary"}
 
@@ -172,4 +172,4 @@ def test_another_server_kind_needs_only_its_names(tmp_path):
     install_views(con, folder)
     got = con.execute("SELECT running, kv_cache_usage FROM server_timeline ORDER BY t_unix").fetchall()
     assert got == [(2.0, 0.0), (3.0, pytest.approx(0.1)), (4.0, pytest.approx(0.2))]
-    assert con.execute("SELECT DISTINCT kind FROM server_metric_names ORDER BY kind").fetchall() == [("other",), ("vllm",)]
+    assert con.execute("SELECT DISTINCT kind FROM server_metric_names ORDER BY kind").fetchall() == [("other",), ("sglang",), ("vllm",)]

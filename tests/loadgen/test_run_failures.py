@@ -47,7 +47,7 @@ def test_worker_killed_mid_run_is_accounted_exactly(tmp_path):
         st = _wait_for(status, 60, "both workers producing rows")
         meta = json.loads((spool_root / st["run_id"] / "w1" / "meta.json").read_text())
         os.kill(meta["pid"], signal.SIGKILL)
-        assert proc.wait(timeout=120) == 0   # the run completed; the loss is flagged
+        assert proc.wait(timeout=120) == 4   # the run completed; the loss is flagged (exit 4)
     out = (tmp_path / "run.log").read_text()
     run_id = st["run_id"]
     spool = read_spool(spool_root / run_id / "w1")
@@ -82,7 +82,7 @@ def test_faulty_server_gives_classified_errors(tmp_path):
     res = servelab("run", "--profile", str(PROFILES / "faults.yaml"), "--db", str(db),
                    "--hardware", "H100", "--seed", "4", "--timeout-between-chunks", "0.5",
                    "--faults", "http500=0.12,stall=0.12:1.5s,cut=0.12,malformed=0.12,"
-                   "error_event=0.12", "--quiet")
+                   "error_event=0.12", "--max-error-rate", "1", "--quiet")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     (run,) = dicts(db, "SELECT * FROM runs")
     assert run["status"] == "completed" and run["hardware"] == "H100"

@@ -174,3 +174,48 @@ exec {sys.executable} -m servelab.commands.sim --model "$model" --hardware L40S 
         assert verify(variant, log_path=server.log_path, url=server.url).status == "verified"
     finally:
         server.stop()
+
+
+def test_run_with_an_unknown_variant_is_an_error_listing_the_known_ones(tmp_path, capsys):
+    from servelab.cli import main
+
+    profile = os.path.join(os.path.dirname(__file__), "data", "tiny.yaml")
+    code = main(["run", "--profile", profile, "--target", "http://127.0.0.1:9", "--variant",
+                 "bf61", "--db", str(tmp_path / "r.duckdb")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "unknown variant 'bf61'" in err and "known variants: awq_int4, bf16" in err
+
+
+@pytest.mark.slow
+def test_run_against_a_target_verifies_the_variant_and_flags_a_mismatch(tmp_path, capsys):
+    """`servelab run --target URL --variant V [--log F]` judges the server from its /metrics (and
+    log) after the run and records the verdict: the right variant is verified, a wrong one is
+    flagged variant_mismatch."""
+    import duckdb
+
+    from servelab.cli import main
+
+    variant = load_variant("bf16", environ={})
+    server = backends.start_server("sim", variant, tmp_path / "logs", hardware="L40S")
+    profile = os.path.join(os.path.dirname(__file__), "data", "tiny.yaml")
+    db = tmp_path / "r.duckdb"
+    try:
+        backends.wait_healthy(server, 30)
+        for name, run_id in (("bf16", "right"), ("fp8", "wrong")):
+            code = main(["run", "--profile", profile, "--target", server.url, "--variant", name,
+                         "--log", str(server.log_path), "--db", str(db), "--run-id", run_id,
+                         "--quiet"])
+            assert code == 0, capsys.readouterr()
+    finally:
+        server.stop()
+    out = capsys.readouterr().out
+    assert "verify bf16: VERIFIED" in out and "verify fp8: MISMATCH" in out
+    con = duckdb.connect(str(db), read_only=True)
+    rows = dict((r[0], r[1:]) for r in con.execute(
+        "SELECT run_id, verification->>'status', flags FROM runs").fetchall())
+    con.close()
+    # (other flags, e.g. generator_saturated on a busy machine, may sit beside them)
+    assert rows["right"][0] == "verified" and not {"unverified", "variant_mismatch"} & set(
+        rows["right"][1] or [])
+    assert rows["wrong"][0] == "mismatch" and "variant_mismatch" in rows["wrong"][1]

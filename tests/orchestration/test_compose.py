@@ -91,13 +91,18 @@ def test_every_variant_profile(name):
     servers = compose.server_services(variant)
     assert set(services) == {"sim", "locust-master", "locust-worker",
                              compose.loadgen_name(variant), *servers}
-    vllm = [services[s] for s in servers if s.startswith("vllm-")]
-    assert len(vllm) == variant.instances
-    for svc in vllm:
-        assert svc["image"].startswith("vllm/vllm-openai:")
-        # `vllm serve MODEL ARGS`: the model first, then the variant's exact arguments.
-        assert svc["command"][0] == variant.model
-        assert svc["command"][1:1 + len(variant.serve_args)] == list(variant.serve_args)
+    kind = variant.kind
+    engines = [services[s] for s in servers if s.startswith(f"{variant.server}-")]
+    assert len(engines) == variant.instances
+    for svc in engines:
+        assert svc["image"] == kind.image.split(":-", 1)[1].rstrip("}")
+        # `vllm serve MODEL ARGS` (the image's entrypoint), `python3 -m sglang.launch_server
+        # --model-path MODEL ARGS` (set as entrypoint): the model, then the variant's arguments.
+        assert svc.get("entrypoint") == (list(kind.image_entrypoint) if kind.compose_entrypoint
+                                         else None)
+        assert svc["command"] == kind.container_command(variant.model, variant.serve_args, 8000)
+        assert list(variant.serve_args) == svc["command"][
+            svc["command"].index(variant.model) + 1:][:len(variant.serve_args)]
         device = svc["deploy"]["resources"]["reservations"]["devices"][0]
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
         gpus = device.get("count") or len(device["device_ids"])
@@ -107,7 +112,7 @@ def test_every_variant_profile(name):
                    for v in svc["volumes"])
     if variant.instances > 1:
         ids = [services[s]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
-               for s in servers if s.startswith("vllm-")]
+               for s in servers if s.startswith(f"{variant.server}-")]
         assert sorted(sum(ids, [])) == [str(i) for i in range(variant.gpus)]  # no GPU shared
         lb = services[compose.balancer_name(variant)]
         assert lb["image"].startswith("nginx:")
@@ -151,7 +156,9 @@ def test_repeated_blocks_are_written_once():
     assert text.count("urllib.request.urlopen") == 1
     assert text.count("dockerfile: docker/Dockerfile") == 1
     assert text.count("count: 1") == 1
-    assert text.count("<<: *vllm-server") == sum(v.instances for v in load_all())
+    for kind in {v.server for v in load_all()}:
+        assert text.count(f"<<: *{kind}-server") == sum(v.instances for v in load_all()
+                                                        if v.server == kind)
     # Once resolved, every server service carries the whole block.
     bf16 = document["services"]["vllm-bf16"]
     assert bf16["healthcheck"]["start_period"] == "30m" and bf16["healthcheck"]["retries"] == 6

@@ -153,3 +153,92 @@ def test_profile_peak_beyond_kv_capacity_and_max_num_seqs_warns(cli):
     # On an H100 the KV cache holds the peak; the batch cap and the long requests remain.
     code, out, _ = cli("preflight", "bf16", "--hardware", "H100", "--profile", DATA_PEAK)
     assert "but the KV cache holds" not in out and "longer than max-model-len" in out
+
+
+# ---- real captures from one H200 (servers/captured/gpu) and what users paste --------------------
+CAPTURED = REPO / "servers" / "captured"
+
+
+def test_captured_query_with_extra_columns_and_the_plain_table_parse():
+    gpu = CAPTURED / "gpu"
+    # --query-gpu=name,compute_cap,memory.total,memory.used,memory.free,driver_version (no index)
+    assert read_gpus(gpu / "nvidia-smi_query_server_up_bf16.csv") == read_gpus(
+        gpu / "nvidia-smi_preflight_query_server_up_bf16.csv")
+    # The plain `nvidia-smi` table: name and memory from the table, compute capability from
+    # servers/hardware (the table has none).
+    table = read_gpus(gpu / "nvidia-smi_server_up_bf16.txt")
+    assert [(g.index, g.name, g.cc_text, g.memory_total_mib, g.memory_used_mib) for g in table] \
+        == [(0, "NVIDIA H200", "9.0", 143771, 133711)]
+    assert read_gpus(gpu / "nvidia-smi_idle.txt")[0].memory_used_mib == 0
+    with pytest.raises(ServelabError, match="keep the header line"):
+        read_gpus(gpu / "nvidia-smi_query_idle_noheader_nounits.csv")
+
+
+def test_a_plain_table_of_an_unknown_gpu_asks_for_the_csv_query():
+    text = (CAPTURED / "gpu" / "nvidia-smi_idle.txt").read_text().replace(
+        "NVIDIA H200    ", "NVIDIA Z9000   ")
+    with pytest.raises(ServelabError, match="has no compute capability; save `nvidia-smi "
+                                            "--query-gpu"):
+        parse_gpu_csv(text, "pasted.txt")
+
+
+def test_topology_with_p2p_tables_after_the_matrix():
+    # Written (not captured): the 2x H200 matrix, its legend, then a P2P status table in
+    # nvidia-smi's layout (`nvidia-smi topo -p2p r`), which some drivers print after the matrix.
+    text = (GPUS / "h200_x2_topo.txt").read_text() + (
+        "\n\tGPU0\tGPU1\t\n GPU0\tX\tNS\t\n GPU1\tNS\tX\t\n\nLegend:\n\n  X    = Self\n"
+        "  OK   = Status Ok\n  NS   = Not supported\n")
+    assert parse_topology(text) == {(0, 1): "NV18", (1, 0): "NV18"}
+
+
+def test_preflight_on_the_gpu_the_server_under_test_holds(cli):
+    """Live preflight against a running server (here a real socket serving the /metrics page of
+    the captured BF16 server): the memory it holds is not a refusal; its KV cache is reported."""
+    import http.server
+    import threading
+
+    page = (CAPTURED / "bf16" / "metrics_after.txt").read_bytes()
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(page if self.path == "/metrics" else b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    gpus = CAPTURED / "gpu" / "nvidia-smi_server_up_bf16.txt"
+    try:
+        code, out, _ = cli("preflight", "bf16", "--gpus", gpus)
+        assert code == 1 and "REFUSE" in out
+        assert "measured by" in out and "applies when a new server starts" in out
+        assert "--url URL" in out
+        code, out, _ = cli("preflight", "bf16", "--gpus", gpus, "--url", url)
+    finally:
+        server.shutdown()
+    assert code == 0, out
+    assert "REFUSE" not in out
+    assert "gpu_memory_utilization 0.92, 132,215 blocks x 16 = 2,115,440 KV tokens" in out
+    assert "the refusal for memory in use applies only to starting a new server" in out
+
+
+def test_an_external_backend_is_judged_as_already_up():
+    from servelab.orchestration.preflight_sources import matrix_preflight
+
+    report = matrix_preflight(load_variant("bf16", environ={}), "external", "H200",
+                              str(TINY), gpus_file=CAPTURED / "gpu" /
+                              "nvidia-smi_preflight_query_server_up_bf16.csv")
+    assert not report.refused, report.render()
+    assert report.server is not None and report.server.kv_tokens is None
+
+
+def test_the_kv_estimate_at_vllm_026s_default_utilization():
+    # vLLM 0.26 defaults to 0.92 (captured log); at 0.9 the estimate was 0.97x the real cache.
+    report = run_preflight(load_variant("bf16", environ={}),
+                           read_gpus(CAPTURED / "gpu" / "nvidia-smi_preflight_query_idle.csv"),
+                           "idle.csv")
+    assert report.kv_tokens / 2_115_440 == pytest.approx(1.0, abs=0.01)   # captured bf16 log

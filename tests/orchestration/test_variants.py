@@ -17,8 +17,9 @@ def test_every_required_variant_ships_and_loads():
     assert SHIPPED <= set(list_variants())
     for v in load_all():
         assert v.gpus == v.tensor_parallel_size * v.data_parallel_size * v.instances
-        # The simulator parses the same arguments; they must mean the same thing there.
-        sim = parse_serve_args(list(v.serve_args))
+        # The simulator parses the same arguments (in vLLM's spelling, which the kind translates
+        # its own into); they must mean the same thing there.
+        sim = parse_serve_args(v.kind.engine_serve_args(v.serve_args))
         assert sim.tensor_parallel_size == v.tensor_parallel_size
         assert sim.data_parallel_size == v.data_parallel_size
         assert sim.quantization == v.quantization
@@ -121,10 +122,10 @@ def test_the_server_kind_defaults_to_vllm_and_drives_the_command_line(tmp_path):
     assert default.kind.command == ("vllm", "serve")
     assert explicit.server_args(port=9) == ["Qwen/Qwen2.5-7B-Instruct", "--max-model-len",
                                             "4096", "--port", "9"]
-    assert default.memory_utilization == 0.9
+    assert default.memory_utilization == 0.92  # vLLM 0.26 default (captured start-up log)
     assert load_variant("tuned").memory_utilization == 0.95
-    # Every shipped variant is a vLLM one, and the metric names the views read are the kind's.
-    assert {v.server for v in load_all()} == {"vllm"}
+    # The shipped variants are vLLM's and SGLang's; the metric names the views read are the kind's.
+    assert {v.server for v in load_all()} == {"vllm", "sglang"}
     assert default.kind.metrics["running"] == "vllm:num_requests_running"
 
 

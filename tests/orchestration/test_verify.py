@@ -105,3 +105,81 @@ def test_verdict_is_recorded_on_the_run(tmp_path, cli):
     con.close()
     code, _, err = cli("verify", "fp8", "--log", LOGS / "l40s_fp8.log", "--db", db, "--run", "nope")
     assert code == 2 and "no run 'nope'" in err
+
+
+# ---- real vLLM 0.26 captures (servers/captured: one H200, see its README) ----------------------
+CAPTURED = REPO / "servers" / "captured"
+SERVED_FROM = "/tmp/vllm/qwen2_5_7b"   # the model folder the captured servers were started with
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp8", "spec_ngram", "tuned", "kv_fp8",
+                                  "no_prefix_cache"])
+def test_captured_vllm_026_servers_verify(name):
+    written = CAPTURED / "session" / "scripts" / "variants" / f"{name}.yaml"
+    variant = load_variant(written if written.is_file() else name,
+                           environ={"SERVELAB_MODEL": SERVED_FROM})
+    folder = CAPTURED / name
+    verdict = verify(variant, log_path=folder / "startup.log",
+                     metrics_path=folder / "metrics_after.txt")
+    assert verdict.status == "verified", verdict.summary()
+    facts = verdict.facts
+    assert facts["vllm_version"] == "0.26.0" and facts["model"] == SERVED_FROM
+    assert facts["cache_config"]["gpu_memory_utilization"] == (
+        "0.95" if name == "tuned" else "0.92")   # vLLM 0.26's default is 0.92
+    # tuned's log ends with vLLM's EngineDeadError at SIGTERM: shutdown, not a failed start.
+    assert not facts["errors"] and not facts["runtime_errors"]
+
+
+def test_captured_failed_start_names_its_root_cause():
+    variant = load_variant("bf16", environ={"SERVELAB_MODEL": SERVED_FROM})
+    verdict = verify(variant, log_path=CAPTURED / "failed_start" / "startup.log")
+    assert verdict.status == "failed_to_start"
+    startup = next(c for c in verdict.checks if c.name == "startup")
+    # The KV-cache ValueError, not vLLM's "Engine core initialization failed" wrapper after it.
+    assert startup.detail.startswith("ValueError: To serve at least one request with the "
+                                     "model's max seq len (32768)")
+
+
+def test_a_missing_module_is_the_failed_starts_root_cause():
+    # Written (not captured) from vLLM's format: an engine core dying on an import, then the API
+    # server's wrapper; a WARNING quoting an OSError in backticks is not an error.
+    log = """\
+(APIServer pid=7) WARNING 12-01 10:59:23 [system_utils.py:299] Found ulimit of 20000 ... `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n
+(APIServer pid=7) INFO 12-01 10:59:24 [utils.py:233] non-default args: {'model_tag': '/m', 'model': '/m'}
+(EngineCore pid=9) ERROR 12-01 11:00:30 [core.py:1330] EngineCore failed to start.
+(EngineCore pid=9) ERROR 12-01 11:00:30 [core.py:1330] Traceback (most recent call last):
+(EngineCore pid=9) ERROR 12-01 11:00:30 [core.py:1330]   File "/site/vllm/v1/attention/backends/flash_attn.py", line 12, in <module>
+(EngineCore pid=9) ERROR 12-01 11:00:30 [core.py:1330] ModuleNotFoundError: No module named 'vllm.vllm_flash_attn._vllm_fa2_C'
+(APIServer pid=7) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+    facts = parse_log(log)
+    assert facts.errors[0] == ("ModuleNotFoundError: No module named "
+                               "'vllm.vllm_flash_attn._vllm_fa2_C'")
+    assert len(facts.errors) == 2   # the wrapper is kept, after the root cause
+
+
+def test_data_parallel_engines_each_printing_dp1_make_dp2():
+    # Written (not captured) from vLLM's format: the API server's arguments, then one engine core
+    # per DP rank, each printing its own data_parallel_size=1.
+    log = "\n".join([
+        "(APIServer pid=1) INFO 12-01 10:00:00 [utils.py:233] non-default args: {'model_tag': "
+        "'Qwen/Qwen2.5-7B-Instruct', 'model': 'Qwen/Qwen2.5-7B-Instruct', "
+        "'max_model_len': 8192, 'data_parallel_size': 2}",
+        *(f"(EngineCore_DP{r} pid={10 + r}) INFO 12-01 10:00:0{r} [core.py:116] Initializing a "
+          f"V1 LLM engine (v0.26.0) with config: model='Qwen/Qwen2.5-7B-Instruct', "
+          f"speculative_config=None, dtype=torch.bfloat16, tensor_parallel_size=1, "
+          f"pipeline_parallel_size=1, data_parallel_size=1, quantization=None, "
+          f"enforce_eager=False" for r in (0, 1)),
+    ])
+    facts = parse_log(log)
+    assert facts.data_parallel_size == 2
+    # The DP /metrics page (servers/logs, written) carries one cache_config_info per engine.
+    parse_metrics((LOGS / "h100x2_dp2.metrics").read_text(), facts)
+    assert [c["engine"] for c in facts.cache_configs] == ["0", "1"]
+    verdict = verify(load_variant("dp2", environ={}), metrics_path=LOGS / "h100x2_dp2.metrics")
+    parallel = next(c for c in verdict.checks if c.name == "parallelism")
+    assert parallel.status == "ok" and "DP 2" in parallel.detail
+    from servelab.orchestration.verify import judge
+    parallel = next(c for c in judge(load_variant("dp2", environ={}), facts).checks
+                    if c.name == "parallelism")
+    assert parallel.status == "ok" and parallel.detail == "TP 1, DP 2"

@@ -1,12 +1,16 @@
 """Shared helpers for the traffic-profile tests."""
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from servelab.core.paths import DATA_DIR
+
+# --import-mode=importlib puts no test folder on sys.path; the fuzz test imports its harness.
+sys.path.insert(0, str(Path(__file__).parent))
 
 TOKENIZER_JSON = DATA_DIR / "tokenizer.json"
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,8 @@ LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
     ("L4", ["--max-model-len", "8192", "--quantization", "fp8"], 81_000, 0.08),
 ])
 def test_llama8b_kv_capacity_matches_the_reference_table(hardware, args, table_tokens, tolerance):
-    plan = preflight(hardware, LLAMA, args)
+    # The reference table was measured at vLLM's old default utilization, 0.9 (0.26's is 0.92).
+    plan = preflight(hardware, LLAMA, args + ["--gpu-memory-utilization", "0.9"])
     assert plan.ok
     assert plan.kv_tokens == pytest.approx(table_tokens, rel=tolerance)
     assert plan.kv_bytes_per_token == 128 * 1024

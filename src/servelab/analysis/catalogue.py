@@ -90,7 +90,12 @@ COMPARED = [METRICS[n] for n in (
 FLAG_MEANING = {
     "generator_saturated": "the load generator was itself the bottleneck (CPU or event-loop lag): "
     "latencies include client delay and the offered load was not fully delivered",
+    "host_busy": "other processes on the load generator's host took the CPU (its own CPU was low "
+    "while the host was busy): latencies include that wait; run on a quieter host",
     "rows_lost": "some request rows were produced but never stored: counts and rates are low",
+    "bad_values": "the server sent values out of range or of the wrong type (e.g. usage counts): "
+    "they are stored as NULL with the reason in requests.data_quality, and those requests are "
+    "classified bad_usage",
     "predicted": "figures are a prediction (cost model / virtual time), not a measurement of a real server",
     "unverified": "the server was not verified to be the variant it claims to be (the evidence was "
     "missing): read its figures as those of an unknown configuration",

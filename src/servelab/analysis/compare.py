@@ -22,6 +22,7 @@ from servelab.core.errors import ServelabError
 from .bootstrap import Estimator, load_stage
 from .catalogue import COMPARED, FLAG_MEANING, METRICS, better
 from .db import fetch_dicts
+from .exact import EXACT_ITL, exact_itl
 from .groups import Group, attach_flags, groups_for_runs, groups_for_variants
 from .stats import percentile_interval, ratio
 
@@ -60,6 +61,7 @@ class Comparison:
     stages: list[StageComparison]
     boot: int
     verdict: str
+    itl_exact: bool = False  # one-run groups' ITL percentiles: exact, or sketched (DDSketch, 1%)
 
     @property
     def caveats(self) -> list[str]:
@@ -100,12 +102,18 @@ def stage_verdict(labels: list[str], metrics: list[MetricResult]) -> str:
     return "no variant wins every metric: " + "; ".join(parts) + tail
 
 
-def _view_point(con: duckdb.DuckDBPyConnection, run_id: str, stage: int, class_name: str) -> dict[str, float]:
-    """A one-run group's figures: its stage_summary row, read as it stands."""
+def _view_point(con: duckdb.DuckDBPyConnection, run_id: str, stage: int, class_name: str,
+                exact: dict | None = None) -> dict[str, float]:
+    """A one-run group's figures: its stage_summary row, read as it stands (ITL percentiles
+    sketched), or with `exact` (exact.exact_itl of its run) its ITL percentiles exact."""
     cols = ", ".join(m.column for m in COMPARED)
     row = con.execute(f"SELECT {cols} FROM stage_summary WHERE run_id = ? AND stage = ? AND class_name = ?",
                       [run_id, stage, class_name]).fetchone()
-    return {m.name: math.nan if row is None or row[i] is None else float(row[i]) for i, m in enumerate(COMPARED)}
+    point = {m.name: math.nan if row is None or row[i] is None else float(row[i]) for i, m in enumerate(COMPARED)}
+    if exact is not None and row is not None:
+        got = exact.get((run_id, stage, class_name), {})
+        point.update({k: math.nan if got.get(k) is None else float(got[k]) for k in point if k in EXACT_ITL})
+    return point
 
 
 def _judge(metric: str, labels: list[str], baseline: str, values: dict[str, float],
@@ -168,6 +176,7 @@ def compare_groups(
     class_name: str = "(all)",
     boot: int = 400,
     seed: int = 0,
+    exact: bool = False,
 ) -> Comparison:
     if len(groups) < 2:
         raise ServelabError("compare needs at least two runs or variants (of different configurations)")
@@ -180,6 +189,8 @@ def compare_groups(
         "SELECT run_id, stage, kind, level FROM stages WHERE list_contains(?, run_id) ORDER BY stage",
         [[r for g in groups for r in g.run_ids]],
     )
+    singles = [g.run_ids[0] for g in groups if len(g.run_ids) == 1]
+    exact_rows = exact_itl(con, singles) if exact else None
     results = []
     for stage in sorted({r["stage"] for r in stage_rows}):
         levels, notes, estimates, replicates = {}, [], {}, {}
@@ -190,7 +201,7 @@ def compare_groups(
                 notes.append(f"{g.label} has no stage {stage}")
                 continue
             est = Estimator(load_stage(con, g.run_ids, stage, class_name))
-            estimates[g.label] = (_view_point(con, g.run_ids[0], stage, class_name) if len(g.run_ids) == 1
+            estimates[g.label] = (_view_point(con, g.run_ids[0], stage, class_name, exact_rows) if len(g.run_ids) == 1
                                   else est.point())
             replicates[g.label] = est.resample(rng, boot) if est.n else {}
         distinct_levels = {v for v in levels.values() if v is not None}
@@ -202,7 +213,7 @@ def compare_groups(
         kind = next((r["kind"] for r in stage_rows if r["stage"] == stage), None)
         results.append(StageComparison(stage, levels, kind, metrics, stage_verdict(labels, metrics), notes))
     overall = _overall_verdict(labels, results)
-    return Comparison(groups, baseline, class_name, results, boot, overall)
+    return Comparison(groups, baseline, class_name, results, boot, overall, exact)
 
 
 def _overall_verdict(labels: list[str], stages: list[StageComparison]) -> str:
@@ -219,7 +230,8 @@ def _overall_verdict(labels: list[str], stages: list[StageComparison]) -> str:
 
 def compare_runs(db: str | Path | None, runs: list[str] | None = None, *, variants: list[str] | None = None,
                  profile: str | None = None, baseline: str | None = None, class_name: str = "(all)",
-                 boot: int = 400, seed: int = 0, console=None) -> Comparison:
+                 boot: int = 400, seed: int = 0, console=None, exact: bool = False,
+                 wide: bool = False) -> Comparison:
     """``servelab compare`` as a function: compare these runs (ids, unique prefixes or 'latest') or
     these variants' completed runs on one profile, print the tables to `console` (a rich Console;
     None: the terminal's, False: print nothing) and return the comparison."""
@@ -232,9 +244,9 @@ def compare_runs(db: str | Path | None, runs: list[str] | None = None, *, varian
     try:
         groups = (groups_for_variants(con, variants, profile) if variants
                   else groups_for_runs(con, resolve_runs(con, runs)))
-        result = compare_groups(con, groups, baseline, class_name, boot=boot, seed=seed)
+        result = compare_groups(con, groups, baseline, class_name, boot=boot, seed=seed, exact=exact)
     finally:
         con.close()
     if console is not False:
-        print_comparison(result, console or make_console())
+        print_comparison(result, console or make_console(), wide)
     return result

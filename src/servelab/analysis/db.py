@@ -86,6 +86,14 @@ def open_for_reading(path: str | Path | None = None) -> duckdb.DuckDBPyConnectio
     return _connect(db)
 
 
+def lock_down(con: duckdb.DuckDBPyConnection) -> None:
+    """No file but the open database from here on: no ATTACH, COPY TO, EXPORT, file readers,
+    extension loading, and no setting can be changed back (``servelab sql`` runs user SQL).
+    The views read only tables, so they keep working."""
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
 def resolve_run(con: duckdb.DuckDBPyConnection, ref: str) -> str:
     """A run id from an exact id, a unique prefix of one, or ``latest``."""
     if ref == "latest":

@@ -1,5 +1,10 @@
 """``servelab sql``: run a query over the results database (views available, read-only) and print
-its rows as a table, CSV or JSON."""
+its rows as a table, CSV or JSON.
+
+Read-only means more than the file's own read-only open: DuckDB can ATTACH another file
+READ_WRITE, COPY ... TO any path, and read any file (read_text, read_csv, a quoted path), all
+from the same connection. The query therefore runs with external access disabled and the
+configuration locked (``db.lock_down``), so it sees the results file and nothing else."""
 from __future__ import annotations
 
 import csv
@@ -14,19 +19,25 @@ import duckdb
 from servelab.core.errors import ServelabError
 
 from .catalogue import fmt
-from .db import open_for_reading
+from .db import lock_down, open_for_reading
 
 
 def run_sql(db, text: str) -> tuple[list[str], list[tuple]] | None:
     """The column names and rows of `text` over `db`; None for a statement that returns none."""
     con = open_for_reading(db)
     try:
+        lock_down(con)
         try:
             cur = con.execute(text)
         except duckdb.Error as exc:
             hint = ""
-            if "read-only" in str(exc).lower():
+            text_l = str(exc).lower()
+            if "read-only" in text_l:
                 hint = " (servelab sql opens the database read-only; write with the duckdb CLI on a copy)"
+            elif any(m in text_l for m in ("disabled by configuration", "configuration has been locked",
+                                             "disabled through configuration")):
+                hint = (" (servelab sql reads only the results database: no ATTACH, COPY TO, "
+                        "EXPORT, file readers or settings; use the duckdb CLI on a copy for those)")
             raise ServelabError(f"{exc}{hint}") from exc
         if cur.description is None:
             return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +130,30 @@ def _add_missing_tables(con: duckdb.DuckDBPyConnection, temporary: bool) -> None
             con.execute(ddl)
 
 
+def backfill_sketches(con: duckdb.DuckDBPyConnection) -> int:
+    """Sketch the requests that have none (a database written before itl_sketches existed, or a
+    write that died between a batch and its sketches), in place; returns how many. The keys are
+    compared first, on their own, so a file that is complete costs one scan of two columns."""
+    from servelab.store.db import ITL_SKETCH_SELECT
+
+    missing = con.execute(
+        "SELECT count(*) FROM (SELECT run_id, request_id FROM requests r WHERE NOT EXISTS ("
+        "SELECT 1 FROM itl_sketches s WHERE s.run_id IS NOT DISTINCT FROM r.run_id "
+        "AND s.request_id IS NOT DISTINCT FROM r.request_id))").fetchone()[0]
+    if missing > 10000:
+        print(f"servelab: sketching the ITL samples of {missing:,} requests written without sketches "
+              "(once per file; about a minute per 500,000 requests of 256 chunks)", file=sys.stderr)
+    if missing:
+        con.execute("CREATE OR REPLACE TEMP TABLE servelab_unsketched AS SELECT run_id, request_id FROM "
+                    "requests r WHERE NOT EXISTS (SELECT 1 FROM itl_sketches s WHERE s.run_id IS NOT "
+                    "DISTINCT FROM r.run_id AND s.request_id IS NOT DISTINCT FROM r.request_id)")
+        source = ("(SELECT r.* FROM requests r SEMI JOIN servelab_unsketched u ON u.run_id IS NOT "
+                  "DISTINCT FROM r.run_id AND u.request_id IS NOT DISTINCT FROM r.request_id)")
+        con.execute(f"INSERT INTO itl_sketches {ITL_SKETCH_SELECT.format(source=source)}")
+        con.execute("DROP TABLE servelab_unsketched")
+    return missing
+
+
 def install_views(con: duckdb.DuckDBPyConnection, folder: Path | None = None, temporary: bool = False) -> list[str]:
     """Create or replace every view (and macro) of analysis/*.sql, in file order, in one transaction.
 
@@ -145,6 +170,11 @@ def install_views(con: duckdb.DuckDBPyConnection, folder: Path | None = None, te
     con.execute("BEGIN TRANSACTION")
     try:
         _add_missing_tables(con, temporary)
+        # A read-only reader can fill only a TEMP itl_sketches (the file had none); the file's own
+        # table is complete unless a write died mid-batch, and the next writer's open fills it.
+        if not temporary or con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = "
+                                        "'itl_sketches' AND temporary").fetchone()[0]:
+            backfill_sketches(con)
         for f in files:
             sql = f.sql
             if temporary:

@@ -10,14 +10,27 @@ def _db_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", help="the DuckDB results file (default: $SERVELAB_DB or results/servelab.duckdb)")
 
 
+def _output_args(p: argparse.ArgumentParser, exact: bool = True) -> None:
+    p.add_argument("--wide", action="store_true",
+                   help="every column (default: the columns that fit the terminal; numbers and run ids are never cut)")
+    p.add_argument("--format", choices=["table", "csv", "json"], default="table",
+                   help="table (default), or every column as CSV / JSON on stdout for a pipeline")
+    if exact:
+        p.add_argument("--exact", action="store_true",
+                       help="exact ITL percentiles (sorts every chunk gap of these runs; by default they "
+                       "are merged from per-request sketches, within 1%%)")
+
+
 def register(sub) -> None:
     p = sub.add_parser("runs", help="list the recorded runs")
     _db_arg(p)
+    _output_args(p, exact=False)
     p.set_defaults(func=runs)
 
     p = sub.add_parser("summary", help="a run's per-stage table: TTFT, ITL, TPOT, E2E, throughput, goodput")
     p.add_argument("run", help="run id, a unique prefix of one, or 'latest'")
     _db_arg(p)
+    _output_args(p)
     p.set_defaults(func=summary)
 
     p = sub.add_parser("compare", help="runs or variants side by side per stage, with a winner per metric")
@@ -29,6 +42,7 @@ def register(sub) -> None:
     p.add_argument("--boot", type=int, default=400, help="bootstrap resamples for the confidence intervals (default 400)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     _db_arg(p)
+    _output_args(p)
     p.set_defaults(func=compare)
 
     p = sub.add_parser("sql", help="run SQL over the database, with the analysis views available")
@@ -47,29 +61,41 @@ def register(sub) -> None:
 
 
 def runs(args) -> int:
-    from servelab.analysis.db import open_for_reading
+    from servelab.analysis.db import open_for_reading, resolve_db_path
+    from servelab.analysis.export import write_records
     from servelab.analysis.summary import make_console, run_rows, runs_table
+    from servelab.analysis.terminal import print_table
+    from servelab.store.ingest import resolve_abandoned
 
+    resolve_abandoned(resolve_db_path(args.db))   # a run whose master died: interrupted
     con = open_for_reading(args.db)
     try:
         rows = run_rows(con)
     finally:
         con.close()
+    if args.format != "table":
+        write_records(rows, args.format)
+        return 0
     console = make_console()
     if not rows:
         console.print("no runs recorded yet")
         return 0
-    console.print(runs_table(rows))
+    print_table(console, runs_table(rows, console, args.wide), args.wide)
     return 0
 
 
 def summary(args) -> int:
     from servelab.analysis.db import open_for_reading, resolve_run
-    from servelab.analysis.summary import make_console, print_summary
+    from servelab.analysis.export import write_records
+    from servelab.analysis.summary import make_console, print_summary, stage_rows
 
     con = open_for_reading(args.db)
     try:
-        print_summary(con, resolve_run(con, args.run), make_console())
+        run_id = resolve_run(con, args.run)
+        if args.format != "table":
+            write_records(stage_rows(con, run_id, exact=args.exact), args.format)
+        else:
+            print_summary(con, run_id, make_console(), wide=args.wide, exact=args.exact)
     finally:
         con.close()
     return 0
@@ -77,10 +103,15 @@ def summary(args) -> int:
 
 def compare(args) -> int:
     from servelab.analysis.compare import compare_runs
+    from servelab.analysis.export import comparison_records, write_records
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()] if args.variants else None
-    compare_runs(args.db, args.runs, variants=variants, profile=args.profile, baseline=args.baseline,
-                 class_name=args.class_name, boot=args.boot, seed=args.seed)
+    table = args.format == "table"
+    result = compare_runs(args.db, args.runs, variants=variants, profile=args.profile, baseline=args.baseline,
+                          class_name=args.class_name, boot=args.boot, seed=args.seed,
+                          console=None if table else False, exact=args.exact, wide=args.wide)
+    if not table:
+        write_records(comparison_records(result), args.format)
     return 0
 
 

@@ -128,7 +128,7 @@ def _first_requests(planner, worker: int, workers: int):
     """(stage, request) in sending order: open-loop stages one after another, else the sequence."""
     if planner.load_kind in ("rate", "trace"):
         for stage in planner.stages():
-            for req in planner.arrivals(stage.index, worker, workers):
+            for req in planner.iter_arrivals(stage.index, worker, workers):
                 yield stage.index, req
     else:
         for req in planner.requests(worker, workers):

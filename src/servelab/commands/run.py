@@ -9,10 +9,16 @@ from pathlib import Path
 
 from servelab.core import timeouts
 
+# Exit codes of `servelab run` (docs/loadgen.md, "Signals and exit codes").
+EXIT_OK, EXIT_NOT_COMPLETED, EXIT_BAD_INPUT, EXIT_ERROR_RATE, EXIT_FLAGGED = 0, 1, 2, 3, 4
+DEFAULT_MAX_ERROR_RATE = 0.5
+# rows_lost: the stored rows are not the whole run. A busy CI machine's generator_saturated or a
+# server's bad_values are measurements, not a broken run: opt in with --fail-on.
+DEFAULT_FAIL_ON = ("rows_lost",)
 TIMEOUTS = ("connect", "first_token", "between_chunks", "total")
 # RunOptions fields that are the flag's value as argparse gives it.
 PLAIN = ("profile", "target", "variant", "hardware", "faults", "workers", "db", "seed", "run_id",
-         "spool_dir", "late_ms", "quiet")
+         "spool_dir", "late_ms", "quiet", "log", "api_key")
 
 
 def register(sub) -> None:
@@ -22,6 +28,13 @@ def register(sub) -> None:
         "when N is 0), replay the profile's load plan against the target (the simulator when no "
         "--target is given), show progress, and print the per-stage summary.")
     add_run_flags(p)
+    p.add_argument("--max-error-rate", type=_rate, default=DEFAULT_MAX_ERROR_RATE,
+                   metavar="R", help="exit 3 when more than this share of the requests failed "
+                   f"(0-1; default {DEFAULT_MAX_ERROR_RATE:g}; 1 never fails on errors)")
+    p.add_argument("--fail-on", default=",".join(DEFAULT_FAIL_ON), metavar="FLAG,...",
+                   help="exit 4 when the run carries one of these flags (default "
+                   f"{','.join(DEFAULT_FAIL_ON)}; '' for none; e.g. rows_lost,bad_values,"
+                   "generator_saturated)")
     p.set_defaults(func=run)
 
     p = sub.add_parser("ingest", help="load the rows a lost worker spooled but never shipped",
@@ -38,8 +51,16 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    "`servelab sim` on a free port and stop it afterwards)")
     p.add_argument("--variant", help="server variant name (recorded; with no --target the "
                    "simulator serves this variant)")
+    p.add_argument("--log", metavar="FILE", help="with --target and --variant: the server's "
+                   "log, which verify reads with its /metrics after the run")
     p.add_argument("--hardware", help="with no --target: the simulator's GPU (servers/hardware)")
     p.add_argument("--faults", help="with no --target: the simulator's fault injection spec")
+    p.add_argument("--api-key", metavar="KEY", help="sent as 'Authorization: Bearer KEY' to the "
+                   "target (default: $OPENAI_API_KEY, which keeps the key out of `ps`); never "
+                   "recorded. With no --target the simulator requires it")
+    p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
+                   help="extra request header for other auth schemes (repeatable; default: "
+                   "$SERVELAB_HEADERS, one per line); never recorded")
     p.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one "
                    "local process, the default)")
     p.add_argument("--db", help="DuckDB file (default: $SERVELAB_DB or results/servelab.duckdb)")
@@ -77,6 +98,8 @@ def run_options(given: dict) -> dict:
         fields["timeouts"] = replace(timeouts.REQUEST, **limits)
     if "tag" in given:
         fields["tags"] = parse_tags(given["tag"])
+    if "header" in given:
+        fields["headers"] = list(given["header"])
     return fields
 
 
@@ -99,7 +122,43 @@ def run_arg_fields(extra: list[str]) -> dict:
 def run(args) -> int:
     from servelab.orchestration.runner import RunOptions, run_profile
 
-    return run_profile(RunOptions(**run_options(vars(args)))).exit_code
+    if args.variant:  # an unknown name is an error listing the known ones (exit 2)
+        from servelab.specs.variants import load_variant
+
+        load_variant(args.variant)
+    result = run_profile(RunOptions(**run_options(vars(args))))
+    return exit_code(result, args.max_error_rate,
+                     [f.strip() for f in args.fail_on.split(",") if f.strip()])
+
+
+def exit_code(result, max_error_rate: float, fail_on: list[str]) -> int:
+    """What CI reads: 0 a complete run within the limits; 1 it did not complete (interrupted by
+    a signal or Ctrl-C, its master died, or it failed); 3 too many failed requests; 4 flagged."""
+    from servelab.analysis.summary import make_console
+
+    console = make_console()
+    if result.status != "completed" or result.interrupted:
+        return EXIT_NOT_COMPLETED
+    if result.error_rate is not None and result.error_rate > max_error_rate:
+        console.print(f"[red]error rate {result.error_rate:.1%} is above --max-error-rate "
+                      f"{max_error_rate:g}[/] (exit {EXIT_ERROR_RATE})")
+        return EXIT_ERROR_RATE
+    failing = [f for f in result.flags if f in fail_on]
+    if failing:
+        console.print(f"[red]the run is flagged {', '.join(failing)}[/] (--fail-on; exit "
+                      f"{EXIT_FLAGGED})")
+        return EXIT_FLAGGED
+    return EXIT_OK
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a share between 0 and 1, e.g. 0.05")
+    return value
 
 
 # ---- servelab ingest ------------------------------------------------------------------------
@@ -119,5 +178,8 @@ def ingest(args) -> int:
         console.print(f"{r.path}: run {r.run_id} worker {r.worker}: {r.spooled} rows spooled, "
                       f"{r.added} added, {r.health_added} health samples added, "
                       f"{r.in_flight_lost} requests were in flight when it stopped"
-                      + (f", {r.torn} torn lines skipped" if r.torn else "") + known)
+                      + (f", {r.torn} torn lines skipped" if r.torn else "")
+                      + (f", {r.repaired} rows stored with bad values set to NULL (data_quality)"
+                         if r.repaired else "")
+                      + (f", {r.rejected} lines rejected" if r.rejected else "") + known)
     return 0

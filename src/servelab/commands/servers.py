@@ -29,6 +29,9 @@ def register(sub) -> None:
                    "many as the variant needs)")
     p.add_argument("--profile", metavar="FILE", help="traffic profile whose lengths set the "
                    "concurrency estimate")
+    p.add_argument("--url", metavar="URL", help="the variant is already served there (on these "
+                   "GPUs): read what it uses from its /metrics instead of refusing for the "
+                   "memory it holds")
     p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     p.set_defaults(func=preflight_cmd)
 
@@ -165,7 +168,8 @@ def preflight_cmd(args) -> int:
 
     variant = load_variant(args.variant)
     report = preflight_report(variant, gpus_file=args.gpus, topology_file=args.topology,
-                              hardware=args.hardware, count=args.count, profile=args.profile)
+                              hardware=args.hardware, count=args.count, profile=args.profile,
+                              url=args.url)
     print(report.render())
     if report.refused:
         return 1

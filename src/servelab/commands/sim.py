@@ -27,7 +27,8 @@ def register(sub) -> None:
         "API, in real time. Unknown flags are vLLM serve flags.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     p.add_argument("--hardware", help="GPU name from servers/hardware/ (default L40S)")
-    p.add_argument("--model", help="Hugging Face id from servers/models/ "
+    p.add_argument("--model", help="Hugging Face id from servers/models/, or a local model "
+                   "folder with its config.json, served under that path as vLLM does "
                    "(default Qwen/Qwen2.5-7B-Instruct)")
     p.add_argument("--variant", help="a servers/variants name or YAML file: its model, serve "
                    "args and instance count (flags given here are applied after it)")
@@ -41,6 +42,10 @@ def register(sub) -> None:
                    help="probability per output token that the text departs from the BF16 "
                    "baseline (default by precision: bf16 0, fp8 0.002, int4 0.005)")
     p.add_argument("--ready-file", help="write the server's URL to this file once listening")
+    p.add_argument("--api-key", nargs="+", action="extend", default=[], metavar="KEY",
+                   help="as vLLM: require 'Authorization: Bearer KEY' (any of the keys) on "
+                   "/v1, /v2, /inference and /cohere routes, else 401 (default: $VLLM_API_KEY; "
+                   "prefer the variable: a command line is visible to every local user)")
     p.add_argument("--timer-guard-ms", type=float, default=1.0, metavar="MS",
                    help="wake this long before each step's end and yield until it passes: "
                    "sub-millisecond delivery for a little CPU (0: plain timers, ~1 ms jitter)")
@@ -63,7 +68,8 @@ def run(args) -> int:
     return serve(config, instances, salt, ServeOptions(
         host=args.host, port=args.port, seed=args.seed, faults=args.faults,
         output_divergence=args.output_divergence, timer_guard_ms=args.timer_guard_ms,
-        log_stats_interval=args.log_stats_interval, ready_file=args.ready_file))
+        log_stats_interval=args.log_stats_interval, ready_file=args.ready_file,
+        api_keys=tuple(args.api_key)))
 
 
 def main(argv: list[str] | None = None) -> int:

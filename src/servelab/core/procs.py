@@ -138,17 +138,42 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
 
 def spawn(name: str, cmd: list[str], log_path: Path | None, *, env: dict | None = None,
           cwd: str | os.PathLike | None = None, ready_file: Path | None = None,
-          stdin=subprocess.DEVNULL) -> Child:
+          stdin=subprocess.DEVNULL, parent_death_signal: int | None = None) -> Child:
     """Start ``cmd`` in a new session; with ``ready_file``, the old file is removed first so
-    ``wait_ready`` never reads a previous child's URL."""
+    ``wait_ready`` never reads a previous child's URL. ``parent_death_signal`` (Linux): the
+    signal the child gets when this process dies, even by SIGKILL, so that no stop() ever
+    running leaves no orphan either."""
     if ready_file is not None:
         ready_file = Path(ready_file)
         ready_file.unlink(missing_ok=True)
     handle = open(log_path, "wb") if log_path is not None else subprocess.DEVNULL
+    preexec = _death_signal(parent_death_signal) if parent_death_signal else None
     proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, stdin=stdin,
-                            env=env, cwd=cwd, start_new_session=True)
+                            env=env, cwd=cwd, start_new_session=True, preexec_fn=preexec)
     return Child(name, proc, Path(log_path) if log_path else None, ready_file,
                  handle if log_path is not None else None)
+
+
+def _death_signal(sig: int):
+    """A preexec_fn asking the kernel for ``sig`` when the parent dies (prctl PR_SET_PDEATHSIG);
+    a no-op where there is no prctl."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(1, int(sig), 0, 0, 0)   # PR_SET_PDEATHSIG
+        if os.getppid() != parent:    # the parent died before the call: too late to be told
+            os.kill(os.getpid(), int(sig))
+
+    return preexec
 
 
 def http_ok(url: str, timeout_s: float = 5.0) -> bool:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
+from servelab.core import credentials
 from servelab.core.errors import ServelabError
 from servelab.core.paths import default_db
 from servelab.core.timeouts import DRAIN_S, REQUEST
+from servelab.store.spool import check_id
 
 
 @dataclass
@@ -53,6 +55,12 @@ def add_arguments(parser) -> None:
                    "profile's, or the first of the target's /v1/models)")
     g.add_argument("--tokenizer", default="", help="tokenizer.json for prompt lengths when the "
                    "target has no /tokenize")
+    g.add_argument("--api-key", default="", is_secret=True,
+                   help="sent as 'Authorization: Bearer KEY' on every request to the target "
+                   "(default: $OPENAI_API_KEY; the variable keeps the key off command lines)")
+    g.add_argument("--header", action="append", default=[], include_in_web_ui=False,
+                   metavar="'NAME: VALUE'", help="extra request header for other auth schemes "
+                   "(repeatable; default: $SERVELAB_HEADERS, one per line)")
     g.add_argument("--spool-dir", default=os.environ.get("SERVELAB_SPOOL", "results/spool"),
                    include_in_web_ui=False, help="where each worker spools its rows")
     g.add_argument("--run-id", default="", include_in_web_ui=False,
@@ -79,6 +87,7 @@ class Settings:
     run_id: str
     status_file: str
     hardware: str
+    auth: dict = field(default_factory=dict)   # credentials.describe(): never a key or value
 
     def as_json(self) -> dict:
         d = asdict(self)
@@ -104,10 +113,19 @@ def settings_from(options) -> Settings:
         served_model=get("served_model", "") or "",
         tokenizer=get("tokenizer", "") or "",
         spool_dir=get("spool_dir", "") or "results/spool",
-        run_id=get("run_id", "") or "",
+        run_id=check_id(get("run_id")) if get("run_id") else "",
         status_file=get("status_file", "") or "",
         hardware=get("hardware", "") or "",
+        auth=credentials_from(options).describe(),
     )
+
+
+def credentials_from(options) -> credentials.Credentials:
+    """The target's credentials from Locust's options (the web UI form included), falling back
+    to $OPENAI_API_KEY and $SERVELAB_HEADERS."""
+    key = getattr(options, "api_key", "") or None
+    headers = [h for h in getattr(options, "header", None) or [] if h]
+    return credentials.build(key, headers)[1]
 
 
 def parse_tags(value) -> dict:

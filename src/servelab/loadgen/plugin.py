@@ -7,20 +7,31 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import os
+import signal
+import time
 
 import gevent
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
+from servelab.core import credentials
 from servelab.core.errors import ServelabError
 from servelab.core.timeouts import WORKERS_READY_S
 from servelab.loadgen import messages
 from servelab.loadgen.master.collector import Collector
-from servelab.loadgen.options import Settings, Timeouts, add_arguments, settings_from
+from servelab.loadgen.options import (Settings, Timeouts, add_arguments, credentials_from,
+                                      settings_from)
 from servelab.loadgen.shapes import ManualStages, ProfileShape, StageDriver
 from servelab.loadgen.users import LLMUser, OpenLoopUser, StreamingUser, report_request
 from servelab.loadgen.worker import context as workers
+from servelab.store.spool import check_id
 
 log = logging.getLogger("servelab.loadgen")
+# A worker whose master sent no heartbeat for this long stops (drains, spools, exits). Locust's
+# own limit is 60 s, in which a worker with no master goes on loading the server; the master
+# sends one every second, from a loop that never blocks (its database work is on a thread).
+MASTER_SILENT_S = 10.0
+LEAVE_ACK_S = 5.0   # a worker leaving on its own waits this long for its last acks
 
 
 def install(events, open_db=None) -> None:
@@ -33,6 +44,18 @@ def install(events, open_db=None) -> None:
         runner = environment.runner
         if runner is None:
             return
+        _try_adopt(environment)
+        if isinstance(runner, WorkerRunner):
+            # A worker keeps Locust's own SIGTERM handler (installed after this, and there all
+            # along on a worker); two handlers would start two shutdowns.
+            _stop_signals_like_ctrl_c(signal.SIGINT)
+        else:
+            _stop_signals_like_ctrl_c(signal.SIGTERM, signal.SIGINT)
+        if isinstance(runner, WorkerRunner):
+            # Quitting listeners fire last-added first: this one drains before Locust's own
+            # tells the master that this worker quit (and before its users are killed).
+            environment.events.quitting.add_listener(lambda **_kw: worker_leaves(environment))
+            gevent.spawn(_watch_master, environment)
         if isinstance(runner, (WorkerRunner, LocalRunner)):
             WorkerSide(environment).register(runner)
         if isinstance(runner, (MasterRunner, LocalRunner)):
@@ -40,11 +63,19 @@ def install(events, open_db=None) -> None:
             master.register(runner)
 
     def on_test_start(environment, **_kw) -> None:
+        # A worker has the master's options (the web UI's key included) from the spawn message
+        # that fired this event; a master may have a new host from the web UI.
+        _try_adopt(environment)
         if "master" in sides and isinstance(environment.runner, (MasterRunner, LocalRunner)):
             sides["master"].ensure_run()
 
     def on_test_stopping(environment, **_kw) -> None:
         if "master" in sides:
+            if getattr(environment.parsed_options, "headless", True):
+                # Headless, Locust quits after this run. The web UI outlives its runs: there
+                # Ctrl-C and SIGTERM must still stop the process afterwards (an ignored signal
+                # cannot be handed back to gevent), so they stay armed.
+                _ignore_more_stop_signals()
             sides["master"].end_run(None)
 
     def on_test_stop(environment, **_kw) -> None:
@@ -56,6 +87,7 @@ def install(events, open_db=None) -> None:
 
     def on_quitting(environment, **_kw) -> None:
         # Ctrl-C or SIGTERM: Locust fires quitting before it stops the runner.
+        _ignore_more_stop_signals()
         if "master" in sides:
             sides["master"].end_run("interrupted")
             sides["master"].collector.close()
@@ -104,6 +136,7 @@ class MasterSide:
         if c.active:
             return True
         try:
+            adopt_credentials(env)
             settings = settings_from(env.parsed_options)
             if not settings.profile:
                 raise ServelabError("--profile is required (a traffic profile YAML, e.g. "
@@ -174,6 +207,8 @@ class WorkerSide:
         _set_connect_timeout(settings)
         runner = self.env.runner
         try:
+            # The run id names this worker's spool folder: never trust it unchecked.
+            check_id(run["run_id"], "the master's run id")
             ctx = workers.WorkerContext(self.env, settings, run, report_request)
             ctx.warm_up()
             freeze_heap()
@@ -216,6 +251,95 @@ class WorkerSide:
         ctx = workers.current_now()
         if ctx is not None and ctx.run_id == msg.data["run_id"]:
             ctx.recorder.acked(msg.data["batch"])
+
+
+def worker_leaves(environment) -> None:
+    """A worker stopping on its own (SIGTERM, SIGINT, its master gone): stop sending, let the
+    requests in flight finish, spool and ship their rows, tell the master it drained; only then
+    may the spool close and Locust kill the users."""
+    _ignore_more_stop_signals()
+    ctx = workers.current_now()
+    if ctx is None:
+        return
+    report = ctx.leave(ctx.settings.drain_timeout_s, LEAVE_ACK_S)
+    if report is not None:
+        try:
+            environment.runner.send_message(messages.DRAINED, report)
+        except Exception as exc:  # noqa: BLE001 - the master may be gone; the spool has it all
+            log.warning("servelab: could not tell the master this worker drained: %s", exc)
+
+
+def _watch_master(environment) -> None:
+    """Stop this worker within seconds of its master's death (SIGTERM to itself: the same path
+    as any stop signal, so what finished is drained and spooled)."""
+    runner = environment.runner
+    while True:
+        gevent.sleep(1.0)
+        last = getattr(runner, "last_heartbeat_timestamp", None)
+        ctx = workers.current_now()
+        silent = last is not None and time.time() - last > MASTER_SILENT_S
+        if silent or (ctx is not None and ctx.master_gone()):
+            log.error("servelab: the master is gone (%s); stopping this worker",
+                      "no heartbeat for %.0f s" % (time.time() - last) if silent
+                      else "its process exited")
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+
+
+def _ignore_more_stop_signals() -> None:
+    """Once this process is stopping, a second SIGTERM or SIGINT (a parent-death signal after a
+    stop signal, an impatient caller) must not start a second shutdown over the drain: Locust
+    runs one per SIGTERM, and the second exits in the middle of the first. SIGKILL still ends it;
+    ``core.procs`` sends it after its grace period."""
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+    except ValueError:
+        pass   # not the main thread
+
+
+def _stop_signals_like_ctrl_c(*signals) -> None:
+    """Headless with a shape, Locust's master blocks in the shape until it ends and installs its
+    SIGTERM handler only after it: until then SIGTERM killed it on the spot (no drain, the run
+    left `running`). SIGTERM and SIGINT now throw KeyboardInterrupt into the main greenlet, as
+    Ctrl-C does, where Locust catches it around the shape and turns it into its stop: the
+    drain, the final record, the workers' quit (and no traceback of the hub in the log), even
+    in a process started from a background shell, which inherits SIGINT ignored. The
+    first stop signal also makes the next ones ignored, so none lands in the middle of that.
+    (SIGINT's default handler raised KeyboardInterrupt in whichever greenlet ran: a user's.)"""
+    main = gevent.get_hub().parent
+
+    def first_stop():
+        _ignore_more_stop_signals()
+        main.throw(KeyboardInterrupt)
+
+    for sig in signals:
+        gevent.signal_handler(sig, first_stop)
+
+
+def adopt_credentials(env) -> None:
+    """This process's credentials from its options and environment; a host given as
+    ``http://user:pass@host`` loses its user:password (nothing records it) and they become an
+    HTTP Basic header that travels in the options (to workers too), unless a key is given."""
+    opts = env.parsed_options
+    clean, basic = credentials.split_url(env.host)
+    if basic is not None:
+        env.host = clean
+        if opts is not None:
+            opts.host = clean
+            given = credentials_from(opts)
+            if given.api_key is None and "authorization" not in map(str.lower, given.headers):
+                opts.header = [*(getattr(opts, "header", None) or []), ": ".join(basic)]
+    creds = credentials_from(opts) if opts is not None else credentials.from_environ()
+    if creds.headers != credentials.current().headers:
+        credentials.install(creds)
+
+
+def _try_adopt(env) -> None:
+    try:
+        adopt_credentials(env)
+    except ServelabError:
+        pass   # a bad --header: the run's start (ensure_run) reports it and exits 2
 
 
 def _set_connect_timeout(settings: Settings) -> None:

@@ -16,6 +16,7 @@ from locust.contrib.fasthttp import FastResponse
 from locust.exception import CatchResponseError
 
 from servelab.core.timeouts import REQUEST
+from servelab.loadgen.backoff import backoff_s, backs_off
 from servelab.loadgen.worker import context as workers
 
 log = logging.getLogger("servelab.loadgen")
@@ -36,6 +37,7 @@ class StreamingUser(FastHttpUser):
 
 class LLMUser(StreamingUser):
     concurrency = 1   # one stream at a time per closed-loop user
+    failures = 0      # fast failures in a row, for the back-off (loadgen/backoff.py)
 
     @task
     def next_item(self) -> None:
@@ -44,7 +46,13 @@ class LLMUser(StreamingUser):
             log.warning("servelab: no run context on this worker; is --profile set?")
             gevent.sleep(1.0)
             return
-        ctx.closed_loop_item(self.client)
+        row = ctx.closed_loop_item(self.client)
+        if row is None:
+            return
+        self.failures = self.failures + 1 if backs_off(row.error_kind) else 0
+        wait = backoff_s(self.failures)
+        if wait:
+            gevent.sleep(wait)
 
 
 class OpenLoopUser(StreamingUser):

@@ -2,7 +2,7 @@
 
 With no profile, Compose starts the simulator, a Locust master (web UI on 8089) and a worker, all on
 the servelab image built from this repository. Each variant is a profile of the same name: its
-server kind's image (vLLM's official one) with the variant's exact arguments, NVIDIA GPU
+server kind's official image (vLLM's, SGLang's) with the variant's exact arguments, NVIDIA GPU
 reservations, a shared Hugging Face cache, a health check, and a load generator that waits for it
 to be healthy. ``two_instances`` adds nginx balancing by least connections. Blocks that recur
 (the health check, the servelab image, a kind's server block, a GPU reservation) are written once
@@ -36,7 +36,8 @@ HEADER = """\
 #   servelab matrix --backend compose --variants bf16,fp8 --profile traffic_profiles/chat.yaml
 #
 # Environment: SERVELAB_PROFILE (traffic profile for the load generators), SIM_VARIANT,
-# SIM_HARDWARE, SIM_PORT, VLLM_PORT, VLLM_IMAGE, HF_TOKEN and each variant's model_env variable.
+# SIM_HARDWARE, SIM_PORT, VLLM_PORT (every variant's host port), VLLM_IMAGE, SGLANG_IMAGE,
+# HF_TOKEN and each variant's model_env variable.
 """
 
 
@@ -102,9 +103,13 @@ def _servelab_image() -> dict:
 
 def _server_block(kind: ServerKind, blocks: _Blocks) -> dict:
     """What every service of one server kind shares."""
+    # An image that runs no server by itself (SGLang's) gets the kind's command as entrypoint.
+    entrypoint = {"entrypoint": list(kind.image_entrypoint)} if kind.compose_entrypoint else {}
     return {
         "image": kind.image,
-        # Dev mode serves POST /reset_prefix_cache, which the matrix calls between runs.
+        **entrypoint,
+        # vLLM's dev mode serves POST /reset_prefix_cache, which the matrix calls between runs
+        # (SGLang serves /flush_cache without a switch).
         "environment": {"HF_TOKEN": "${HF_TOKEN:-}", **kind.dev_env},
         "volumes": [f"hf-cache:{HF_CACHE}"],
         "ipc": "host",  # PyTorch's shared memory between TP/DP workers

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from servelab.core import credentials
 from servelab.core.errors import ServelabError
 from servelab.core.paths import project_root
 from servelab.core.timeouts import HTTP_PROBE_S, REQUEST, SERVER_STARTUP_S
@@ -97,8 +98,9 @@ def load_prompts(path: str | Path | None = None) -> list[Prompt]:
 
 
 def _post(url: str, body: dict, timeout: float) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={**credentials.headers(),
+                                              "Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             return json.loads(resp.read())
@@ -109,7 +111,9 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 
 def served_model(url: str, timeout: float = HTTP_PROBE_S) -> str:
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=timeout) as resp:
+        req = urllib.request.Request(url.rstrip("/") + "/v1/models",
+                                     headers=credentials.headers())
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())["data"][0]["id"]
     except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as exc:
         raise ServelabError(f"{url}/v1/models: no model listed ({exc})") from None
@@ -137,6 +141,10 @@ def collect(url: str, prompts: list[Prompt], seed: int = 0, parallel: int = 8,
             timeout: float = REQUEST.first_token) -> dict[str, Output]:
     """Greedy outputs of one server for every prompt, keyed by prompt id. A reply is not
     streamed, so its first byte comes when it is complete: the first-token limit bounds it."""
+    clean, basic = credentials.split_url(url)
+    if basic is not None:   # user:password in the URL: sent as a header, never shown
+        credentials.install(credentials.build(url=url)[1])
+        url = clean
     model = served_model(url)
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         outputs = list(pool.map(lambda p: _one(url, model, p, seed, timeout), prompts))
@@ -182,6 +190,9 @@ def collect_from_variants(backend: str, variants: list, prompts: list[Prompt], l
     """Each variant's server in turn (started, asked, stopped): its greedy outputs by name."""
     from servelab.orchestration import backends
 
+    if credentials.split_url(url)[1] is not None:   # user:password: a header, never printed
+        credentials.install(credentials.build(url=url)[1])
+        url = credentials.split_url(url)[0]
     outputs = {}
     for variant in variants:
         server = backends.start_server(backend, variant, logs, hardware=hardware, url=url,

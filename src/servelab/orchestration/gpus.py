@@ -18,6 +18,10 @@ QUERY_COMMAND = ["nvidia-smi", f"--query-gpu={','.join(QUERY_FIELDS)}", "--forma
 TOPOLOGY_COMMAND = ["nvidia-smi", "topo", "-m"]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _MIB = re.compile(r"^(\d+)\s*MiB$")
+_BARE = re.compile(r"^(\d+)$")   # --format=csv,noheader,nounits
+# The plain table: "|   0  NVIDIA H200      On  |   00000000:00:06.0 Off |" then the memory row.
+_TABLE_ROW = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(?:On|Off)\s+\|\s+[0-9A-Fa-f]{4,8}:")
+_TABLE_MEMORY = re.compile(r"(\d+)MiB\s*/\s*(\d+)MiB")
 
 
 @dataclass(frozen=True)
@@ -42,33 +46,42 @@ class Gpu:
 
 
 def parse_gpu_csv(text: str, source: str = "nvidia-smi") -> list[Gpu]:
-    """Parse the CSV (with or without its header line) into GPUs, in index order."""
+    """Parse the CSV (with or without its header line, with or without units, extra columns
+    such as memory.free ignored) into GPUs, in index order. The plain ``nvidia-smi`` table,
+    which users paste as often as the query, is read too (``parse_gpu_table``)."""
+    if _TABLE_ROW.search(text) or "NVIDIA-SMI" in text:
+        return parse_gpu_table(text, source)
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         raise ServelabError(f"{source}: empty; expected the output of {' '.join(QUERY_COMMAND)}")
     first = [cell.strip() for cell in lines[0].split(",")]
-    start = 0
-    if first and first[0] == "index":
-        names = [cell.split(" [")[0] for cell in first]
-        if tuple(names) != QUERY_FIELDS:
+    columns, start = list(QUERY_FIELDS), 0
+    if first and not first[0].isdigit() and any(c.split(" [")[0] in QUERY_FIELDS for c in first):
+        columns = [cell.split(" [")[0] for cell in first]
+        if not all(f in columns for f in QUERY_FIELDS[1:]):
             raise ServelabError(f"{source}:1: header: found {', '.join(first)}; expected the columns "
                                 f"{', '.join(QUERY_FIELDS)} (run {' '.join(QUERY_COMMAND)})")
         start = 1
     gpus = []
     for number, line in enumerate(lines[start:], start + 1):
         cells = [cell.strip() for cell in line.split(",")]
-        if len(cells) != len(QUERY_FIELDS):
+        if len(cells) != len(columns):
             raise ServelabError(f"{source}:{number}: found {len(cells)} columns; expected "
-                                f"{len(QUERY_FIELDS)} ({', '.join(QUERY_FIELDS)})")
-        index, name, cc, total, used = cells
+                                f"{len(columns)} ({', '.join(columns)})"
+                                + ("" if start else "; keep the header line, or query exactly "
+                                   "these columns"))
+        row = dict(zip(columns, cells))
+        index = row.get("index", str(number - start - 1))
+        name, cc = row["name"], row["compute_cap"]
         try:
             major, minor = (int(x) for x in cc.split("."))
         except ValueError:
             raise ServelabError(f"{source}:{number}: compute_cap: found {cc!r}; expected like 8.9 "
                                 f"(a driver too old to report it needs an upgrade)") from None
         mems = []
-        for field, value in (("memory.total", total), ("memory.used", used)):
-            match = _MIB.match(value)
+        for field in ("memory.total", "memory.used"):
+            value = row[field]
+            match = _MIB.match(value) if start else (_MIB.match(value) or _BARE.match(value))
             if not match:
                 raise ServelabError(f"{source}:{number}: {field}: found {value!r}; expected like "
                                     f"'46068 MiB'")
@@ -78,6 +91,37 @@ def parse_gpu_csv(text: str, source: str = "nvidia-smi") -> list[Gpu]:
         gpus.append(Gpu(int(index), name, (major, minor), mems[0], mems[1]))
     if not gpus:
         raise ServelabError(f"{source}: no GPU rows after the header")
+    return sorted(gpus, key=lambda g: g.index)
+
+
+def parse_gpu_table(text: str, source: str = "nvidia-smi") -> list[Gpu]:
+    """The plain ``nvidia-smi`` table: index and name on a GPU's first row, memory on its second.
+    The table has no compute capability, so the GPU must be one servers/hardware knows."""
+    from servelab.specs.hardware import hardware_for_gpu_name
+
+    lines = [_ANSI.sub("", line) for line in text.splitlines()]
+    gpus = []
+    for number, line in enumerate(lines, 1):
+        head = _TABLE_ROW.match(line)
+        if not head:
+            continue
+        memory = next((m for m in map(_TABLE_MEMORY.search, lines[number:number + 2]) if m), None)
+        if memory is None:
+            raise ServelabError(f"{source}:{number + 1}: no 'USED MiB / TOTAL MiB' under GPU "
+                                f"{head.group(1)}; save the table whole, or the CSV query "
+                                f"`{' '.join(QUERY_COMMAND)}`")
+        name = head.group(2).strip()
+        known = hardware_for_gpu_name(name)
+        if known is None:
+            raise ServelabError(f"{source}:{number}: GPU {head.group(1)} is {name!r}, which "
+                                f"servers/hardware does not list, and the plain nvidia-smi table "
+                                f"has no compute capability; save `{' '.join(QUERY_COMMAND)}` "
+                                f"instead")
+        gpus.append(Gpu(int(head.group(1)), known.nvidia_smi_names[0], known.compute_capability,
+                        int(memory.group(2)), int(memory.group(1))))
+    if not gpus:
+        raise ServelabError(f"{source}: no GPU rows in the nvidia-smi table; save "
+                            f"`{' '.join(QUERY_COMMAND)}` instead")
     return sorted(gpus, key=lambda g: g.index)
 
 
@@ -113,10 +157,14 @@ def parse_topology(text: str, source: str = "nvidia-smi topo -m") -> dict[tuple[
     columns = [c.strip() for c in header.split("\t") if c.strip()]
     gpu_cols = [c for c in columns if re.fullmatch(r"GPU\d+", c)]
     links: dict[tuple[int, int], str] = {}
-    for row in rows:
+    # The matrix ends at the first blank line; newer drivers print more GPU-by-GPU tables (P2P
+    # read/write status, with OK/NS cells) after the legend, which are not links.
+    for row in rows[rows.index(header) + 1:]:
+        if not row.strip() or row.strip().startswith("Legend"):
+            break
         cells = row.split("\t")
         label = cells[0].strip()
-        if not re.fullmatch(r"GPU\d+", label) or row is header:
+        if not re.fullmatch(r"GPU\d+", label):
             continue
         values = [c.strip() for c in cells[1:1 + len(gpu_cols)]]
         i = int(label[3:])

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servelab.core import credentials
 from servelab.core.errors import ServelabError
 from servelab.core.timeouts import SERVER_STARTUP_S
 from servelab.orchestration import backends, fidelity
@@ -139,6 +140,12 @@ def run_matrix(variants: list[Variant], opt: MatrixOptions) -> MatrixResult:
         raise ServelabError(f"--backend {opt.backend}: allowed {', '.join(backends.BACKENDS)}")
     opt.db = Path(opt.db)
     opt.logs = Path(opt.logs) if opt.logs else opt.db.parent / "logs"
+    # An external --url's user:password and the run's key become this process's credentials
+    # (core.credentials: verify, fidelity and every run send them); the clean URL is what every
+    # step sees and records.
+    opt.url, creds = credentials.build(opt.run_fields.get("api_key"),
+                                       opt.run_fields.get("headers"), opt.url)
+    credentials.install(creds)
     matrix_id = time.strftime("mx%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:4]
     prompts = (fidelity.load_prompts(opt.fidelity_prompts)
                if opt.fidelity_prompts and opt.backend != "predict" else None)
@@ -146,7 +153,7 @@ def run_matrix(variants: list[Variant], opt: MatrixOptions) -> MatrixResult:
     entries = []
     for variant in variants:
         report = matrix_preflight(variant, opt.backend, opt.hardware, opt.profile,
-                                  opt.gpus_file, opt.topology_file)
+                                  opt.gpus_file, opt.topology_file, url=opt.url)
         for k in range(1, opt.repeat + 1):
             entry = Entry(variant, k, preflight=report.to_dict() if report else None)
             entries.append(entry)

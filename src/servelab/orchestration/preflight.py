@@ -60,6 +60,41 @@ class ProfileLengths:
 
 
 @dataclass
+class LiveServer:
+    """A server already up on the GPUs (``--url``, ``--backend external``): what its ``/metrics``
+    says it uses (``vllm:cache_config_info``, one per engine), or nothing when it has none."""
+    source: str
+    memory_utilization: float | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+    engines: int = 0
+
+    @property
+    def kv_tokens(self) -> int | None:
+        if self.num_gpu_blocks is None or self.block_size is None:
+            return None
+        return self.num_gpu_blocks * self.block_size
+
+    @classmethod
+    def from_cache_configs(cls, source: str, configs: list[dict]) -> "LiveServer":
+        def number(key: str, kind):
+            try:
+                return kind(configs[0][key])
+            except (IndexError, KeyError, TypeError, ValueError):
+                return None
+        return cls(source, number("gpu_memory_utilization", float),
+                   number("num_gpu_blocks", int), number("block_size", int), len(configs))
+
+    def describe(self) -> str:
+        if self.kv_tokens is None:
+            return f"{self.source} (no vllm:cache_config_info: its KV cache is not known)"
+        engines = f" per engine, {self.engines} engines" if self.engines > 1 else ""
+        return (f"{self.source}: gpu_memory_utilization {self.memory_utilization:g}, "
+                f"{self.num_gpu_blocks:,} blocks x {self.block_size} = {self.kv_tokens:,} KV "
+                f"tokens{engines} (its /metrics)")
+
+
+@dataclass
 class PreflightReport:
     variant: str
     gpus: list[Gpu]
@@ -78,6 +113,7 @@ class PreflightReport:
     profile: ProfileLengths | None = None
     concurrency_at_profile: float | None = None    # at the profile's mean request length
     verdicts: list[Verdict] = field(default_factory=list)
+    server: LiveServer | None = None               # the server already up, when there is one
 
     @property
     def refused(self) -> bool:
@@ -96,6 +132,7 @@ class PreflightReport:
         data["gpus"] = [dataclasses.asdict(g) for g in self.gpus]
         data["verdicts"] = [dataclasses.asdict(v) for v in self.verdicts]
         data["profile"] = self.profile.to_dict() if self.profile else None
+        data["server"] = dataclasses.asdict(self.server) if self.server else None
         data["status"] = self.status
         return data
 
@@ -115,6 +152,8 @@ class PreflightReport:
         if self.kv_tokens is not None:
             lines.append(f"  KV cache          {self.available_kv_gib:.2f} GiB -> "
                          f"{self.kv_tokens:,} tokens")
+        if self.server is not None:
+            lines.append(f"  server up         {self.server.describe()}")
         if self.max_concurrency is not None:
             lines.append(f"  max concurrency   {self.max_concurrency:.1f}x at max-model-len "
                          f"{self.max_model_len:,} (vLLM's figure); max-num-seqs "
@@ -183,7 +222,10 @@ def profile_lengths(path: str) -> ProfileLengths:
 
 def run_preflight(variant: Variant, gpus: list[Gpu], gpu_source: str,
                   links: dict[tuple[int, int], str] | None = None,
-                  profile: ProfileLengths | None = None) -> PreflightReport:
+                  profile: ProfileLengths | None = None,
+                  server: LiveServer | None = None) -> PreflightReport:
+    """``server``: the variant is already being served on these GPUs (its memory is the
+    server's, not a reason to refuse); what it measured is compared with the estimate."""
     from servelab.sim.engine.kv_sizing import plan_kv_cache
     from servelab.specs.engine_config import build_engine_config
 
@@ -191,12 +233,19 @@ def run_preflight(variant: Variant, gpus: list[Gpu], gpu_source: str,
         raise ServelabError(f"{gpu_source}: no GPUs listed")
     used = gpus[:variant.gpus]
     hw, known = spec_for_gpu(used[0])
-    config = build_engine_config(hw, variant.model, list(variant.serve_args))
+    # The kind spells its settings its own way; the memory plan reads vLLM's (SGLang: its
+    # --mem-fraction-static default depends on the GPU's memory).
+    config = build_engine_config(hw, variant.model, variant.kind.engine_serve_args(
+        variant.serve_args, used[0].memory_total_mib))
     plan = plan_kv_cache(config)
+    util = config.gpu_memory_utilization
+    if variant.kind.memory_from_free:
+        config, plan = _fraction_of_free(hw, variant, used[0].memory_total_mib, config, plan)
     report = PreflightReport(variant=variant.name, gpus=gpus, gpu_source=gpu_source,
                              hardware=hw.name, model=variant.model, quant_path=config.quant.name,
                              kernel=config.quant.kernel, max_model_len=config.max_model_len,
-                             max_num_seqs=config.max_num_seqs, profile=profile)
+                             max_num_seqs=config.max_num_seqs, profile=profile,
+                             server=server)
     say = report.verdicts.append
     if not known:
         say(Verdict(WARN, f"{used[0].name} is not in servers/hardware: memory comes from "
@@ -209,10 +258,24 @@ def run_preflight(variant: Variant, gpus: list[Gpu], gpu_source: str,
         say(Verdict(WARN, "the GPUs differ (" + ", ".join(sorted({g.name for g in used}))
                     + "): the slowest one sets the pace"))
     _compute_capability(variant, used, say)
-    _memory(variant, used, plan, report, say)
+    _memory(variant, used, plan, report, say, util)
     _interconnect(variant, used, hw, links, say)
     _profile_fit(report, plan, say)
     return report
+
+
+def _fraction_of_free(hw: HardwareSpec, variant: Variant, gpu_mib: int, config, plan):
+    """SGLang's fraction holds weights + KV cache only, vLLM's (the plan's rule) also the
+    activations, CUDA graphs, non-torch memory: plan again with those added back."""
+    from servelab.sim.engine.kv_sizing import plan_kv_cache
+    from servelab.specs.engine_config import build_engine_config
+
+    outside = plan.activation_gib + plan.non_torch_gib + plan.cudagraph_gib
+    util = min(1.0, config.gpu_memory_utilization + outside / plan.gpu_memory_gib)
+    args = variant.kind.engine_serve_args(variant.serve_args, gpu_mib)
+    args[args.index("--gpu-memory-utilization") + 1] = f"{util:.4f}"
+    config = build_engine_config(hw, variant.model, args)
+    return config, plan_kv_cache(config)
 
 
 def _compute_capability(variant: Variant, used: list[Gpu], say) -> None:
@@ -220,7 +283,8 @@ def _compute_capability(variant: Variant, used: list[Gpu], say) -> None:
     c = variant.claims
     if c.activations == "fp8" and low.cc_number < 89:
         say(Verdict(REFUSE, f"{variant.name} claims FP8 W8A8, which needs compute capability "
-                            f">= 8.9; the {low.name} has {low.cc_text}. vLLM would start without "
+                            f">= 8.9; the {low.name} has {low.cc_text}. {variant.kind.label} would "
+                            f"start without "
                             f"an error and run weight-only FP8 through the Marlin kernel (W8A16), "
                             f"so the result would not be FP8. Use an L4, L40S, H100 or H200."))
     elif c.min_compute_capability is not None and low.cc_number < round(
@@ -229,7 +293,8 @@ def _compute_capability(variant: Variant, used: list[Gpu], say) -> None:
                             f"{c.min_compute_capability}; the {low.name} has {low.cc_text}"))
 
 
-def _memory(variant: Variant, used: list[Gpu], plan, report: PreflightReport, say) -> None:
+def _memory(variant: Variant, used: list[Gpu], plan, report: PreflightReport, say,
+            util: float | None = None) -> None:
     report.weights_gib = plan.weights_gib
     report.kv_bytes_per_token = plan.kv_bytes_per_token
     for error in plan.errors:
@@ -238,13 +303,60 @@ def _memory(variant: Variant, used: list[Gpu], plan, report: PreflightReport, sa
         report.available_kv_gib = plan.available_kv_gib
         report.kv_tokens = plan.kv_tokens
         report.max_concurrency = plan.max_concurrency
-    kind, util = variant.kind, variant.memory_utilization
+    kind, util = variant.kind, variant.memory_utilization if util is None else util
+    if report.server is not None:
+        _server_up(variant, used, report, say)
+        return
+    if kind.memory_from_free:
+        _memory_from_free(variant, used, plan, util, say)
+        return
     for g in used:
         if g.memory_used_mib > g.memory_total_mib * (1 - util):
-            say(Verdict(REFUSE, f"GPU {g.index} already has {g.memory_used_mib:,} MiB in use; "
-                                f"{kind.label} wants {util:.0%} of {g.memory_total_mib:,} MiB and "
-                                f"will refuse to start ({kind.memory_refusal}). Stop the other "
-                                f"process or lower {kind.memory_utilization_flag}"))
+            say(Verdict(REFUSE, f"GPU {g.index} already has {g.memory_used_mib:,} MiB in use "
+                                f"(measured by {report.gpu_source}); {kind.label} wants "
+                                f"{util:.0%} of {g.memory_total_mib:,} MiB and will refuse to "
+                                f"start ({kind.memory_refusal}). This applies when a new server "
+                                f"starts on this GPU: stop the other process or lower "
+                                f"{kind.memory_utilization_flag}; if that memory is the server "
+                                f"you mean to measure, give its URL (`servelab preflight "
+                                f"{variant.name} --url URL`, --backend external)"))
+
+
+def _memory_from_free(variant: Variant, used: list[Gpu], plan, util: float, say) -> None:
+    """SGLang's KV pool is free memory at start x --mem-fraction-static - weights: memory in use
+    shrinks it rather than refusing to start."""
+    for g in (g for g in used if g.memory_used_mib and not plan.errors):
+        free_gib = (g.memory_total_mib - g.memory_used_mib) / 1024
+        kv_gib, used_text = free_gib * util - plan.weights_gib, f"{g.memory_used_mib:,} MiB in use"
+        say(Verdict(REFUSE, f"GPU {g.index} has {used_text}: {util:g} of the {free_gib:.1f} GiB "
+                            f"left does not hold the {plan.weights_gib:.1f} GiB of weights "
+                            f"({variant.kind.memory_refusal}); stop the other process")
+            if kv_gib <= 0 else
+            Verdict(WARN, f"GPU {g.index} has {used_text}: {variant.kind.label} sizes its KV cache "
+                          f"from free memory, so it gets about {kv_gib:.1f} GiB instead of "
+                          f"{plan.available_kv_gib:.1f} GiB"))
+
+
+def _server_up(variant: Variant, used: list[Gpu], report: PreflightReport, say) -> None:
+    """The GPUs hold the server under test: report what it uses, compare it with the estimate."""
+    server, kind = report.server, variant.kind
+    in_use = ", ".join(f"GPU {g.index} {g.memory_used_mib:,} of {g.memory_total_mib:,} MiB"
+                       for g in used)
+    say(Verdict(OK, f"memory in use ({in_use}, per {report.gpu_source}) is taken as the server "
+                    f"under test, {server.describe()}; the refusal for memory in use applies "
+                    f"only to starting a new server on these GPUs"))
+    if server.memory_utilization is not None and abs(
+            server.memory_utilization - variant.memory_utilization) > 0.005:
+        say(Verdict(WARN, f"the server runs with {kind.memory_utilization_flag} "
+                          f"{server.memory_utilization:g}; {variant.name} says "
+                          f"{variant.memory_utilization:g} (its KV cache differs from the "
+                          f"variant's)"))
+    if server.kv_tokens and report.kv_tokens:
+        ratio = server.kv_tokens / report.kv_tokens
+        if not 0.75 <= ratio <= 1.33:
+            say(Verdict(WARN, f"the server has {server.kv_tokens:,} KV tokens per engine, "
+                              f"{ratio:.2f}x the estimate {report.kv_tokens:,}: other flags, "
+                              f"another model, or another process on the GPU"))
 
 
 def _interconnect(variant: Variant, used: list[Gpu], hw: HardwareSpec, links, say) -> None:

@@ -9,20 +9,18 @@ DuckDB lets one process hold a file and the master is that process while it runs
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from servelab.core import timeouts
+from servelab.core import credentials, timeouts
 from servelab.core.errors import ServelabError
 from servelab.core.procs import Child, free_port, log_tail, spawn
-
-RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,100}")
+from servelab.store.spool import check_id
 
 
 @dataclass
@@ -43,6 +41,9 @@ class RunOptions:
     drain_timeout_s: float = timeouts.DRAIN_S
     timeouts: timeouts.RequestTimeouts = timeouts.REQUEST
     quiet: bool = False              # no live progress, only the summary
+    api_key: str | None = None       # None: $OPENAI_API_KEY (core.credentials); never recorded
+    headers: list = field(default_factory=list)   # "Name: value" items; empty: $SERVELAB_HEADERS
+    log: str | Path | None = None    # with a target: the server's log, read by verify
 
 
 @dataclass
@@ -52,7 +53,38 @@ class RunResult:
     status: str             # the runs table's status: completed, interrupted, failed ...
     db: Path
     logs: Path
-    interrupted: bool = False   # Ctrl-C reached this process during the run
+    interrupted: bool = False   # Ctrl-C, SIGINT or SIGTERM reached this process during the run
+    error_rate: float | None = None   # failed requests / requests (None: no request)
+    flags: list = field(default_factory=list)
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT do what Ctrl-C does, whoever sends them and even when this process was
+    started with SIGINT ignored (a shell's background job): the first one raises
+    KeyboardInterrupt, which stops the run through the drain; later ones are only counted, so
+    the clean-up they interrupt is never cut short (no child is left behind)."""
+
+    def __init__(self):
+        self.received = 0
+        self.raise_now = True
+        self._old = {}
+
+    def __enter__(self):
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.received += 1
+        if self.raise_now and self.received == 1:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def run_profile(opt: RunOptions) -> RunResult:
@@ -63,12 +95,20 @@ def run_profile(opt: RunOptions) -> RunResult:
     from servelab.profiles import load_profile
 
     profile = load_profile(opt.profile)
+    # The target's user:password and the key leave the options here: the clean URL is all that
+    # is passed on or recorded, the credentials reach children through their environment.
+    clean, basic = credentials.split_url(opt.target)
+    if opt.api_key or opt.headers or basic:
+        clean, creds = credentials.build(opt.api_key, opt.headers, opt.target)
+        credentials.install(creds)
+    else:
+        credentials.current()   # as installed (the matrix) or from the environment
+    opt = replace(opt, target=clean, api_key=None, headers=[])
+    variant = _check_variant(opt)
     if opt.workers < 0:
         raise ServelabError("--workers: must be 0 (one local process) or more")
     db = Path(opt.db) if opt.db else default_db()
-    run_id = opt.run_id or new_run_id()
-    if not RUN_ID.fullmatch(run_id):
-        raise ServelabError(f"--run-id {run_id!r}: use 1-100 letters, digits, '.', '_' or '-'")
+    run_id = check_id(opt.run_id or new_run_id(), "--run-id")
     _claim_run_id(db, run_id)
     locustfile = loadtests_dir() / "locustfile.py"
     if not locustfile.is_file():
@@ -77,22 +117,48 @@ def run_profile(opt: RunOptions) -> RunResult:
     logs.mkdir(parents=True, exist_ok=True)
     status_file = logs / "status.json"
     sim = None
+    with _StopSignals() as signals:
+        try:
+            if opt.target:
+                target = opt.target.rstrip("/")
+                check_target(target)
+                hardware = opt.hardware
+            else:
+                sim, target = start_simulator(opt, logs)
+                hardware = opt.hardware or "L40S"
+            cmd = locust_command(opt, locustfile, target, hardware, db, run_id, status_file)
+            code, interrupted = _supervise_locust(cmd, opt.workers, logs, status_file,
+                                                  opt.quiet, profile, signals)
+        finally:
+            signals.raise_now = False
+            if sim is not None:
+                sim.stop()
+        status, error_rate, flags = _report(db, run_id, status_file, logs, code)
+        interrupted = interrupted or signals.received > 0
+    if variant is not None and opt.target:
+        from servelab.orchestration.verify import verify_target_run
+
+        verdict = verify_target_run(db, run_id, variant, opt.target, opt.log)
+        print(verdict.summary(), flush=True)
+    return RunResult(run_id, 0 if status == "completed" else 1, status, db, logs, interrupted,
+                     error_rate, flags)
+
+
+def _check_variant(opt: RunOptions):
+    """The variant named by --variant, and a --log that exists; verify reads both after a run
+    against --target. ``servelab run`` refuses an unknown name before this (commands/run.py);
+    a caller passing only a label (the matrix, for a variant loaded from a file, verifies on
+    its own) gets None here."""
+    if opt.log and not Path(opt.log).is_file():
+        raise ServelabError(f"--log {opt.log}: no such file; give the server's log file")
+    if not opt.variant:
+        return None
+    from servelab.specs.variants import load_variant
+
     try:
-        if opt.target:
-            target = opt.target.rstrip("/")
-            check_target(target)
-            hardware = opt.hardware
-        else:
-            sim, target = start_simulator(opt, logs)
-            hardware = opt.hardware or "L40S"
-        cmd = locust_command(opt, locustfile, target, hardware, db, run_id, status_file)
-        code, interrupted = _supervise_locust(cmd, opt.workers, logs, status_file, opt.quiet,
-                                              profile)
-    finally:
-        if sim is not None:
-            sim.stop()
-    status = _report(db, run_id, status_file, logs, code)
-    return RunResult(run_id, 0 if status == "completed" else 1, status, db, logs, interrupted)
+        return load_variant(opt.variant)
+    except ServelabError:
+        return None
 
 
 def _claim_run_id(db: Path, run_id: str) -> None:
@@ -111,7 +177,8 @@ def _claim_run_id(db: Path, run_id: str) -> None:
 def check_target(target: str) -> None:
     """The target must answer HTTP before a run starts (any status will do)."""
     try:
-        urllib.request.urlopen(target + "/v1/models", timeout=timeouts.HTTP_PROBE_S).close()
+        req = urllib.request.Request(target + "/v1/models", headers=credentials.headers())
+        urllib.request.urlopen(req, timeout=timeouts.HTTP_PROBE_S).close()
     except urllib.error.HTTPError:
         return
     except (OSError, ValueError) as exc:
@@ -130,7 +197,11 @@ def start_simulator(opt: RunOptions, logs: Path) -> tuple[Child, str]:
             cmd += [flag, value]
     if opt.seed is not None:
         cmd += ["--seed", str(opt.seed)]
-    sim = spawn("the simulator", cmd, logs / "sim.log", ready_file=logs / "sim.ready")
+    # The simulator asks for the run's key as vLLM would (VLLM_API_KEY, never its command line);
+    # without one it asks for none, whatever this shell's VLLM_API_KEY says.
+    env = dict(os.environ, VLLM_API_KEY=credentials.current().api_key or "")
+    sim = spawn("the simulator", cmd, logs / "sim.log", env=env, ready_file=logs / "sim.ready",
+                parent_death_signal=signal.SIGTERM)
     return sim, sim.wait_ready(timeouts.SIM_READY_S).rstrip("/")
 
 
@@ -160,72 +231,96 @@ def locust_command(opt: RunOptions, locustfile: Path, target: str, hardware: str
 
 
 def _supervise_locust(cmd: list[str], workers: int, logs: Path, status_file: Path, quiet: bool,
-                      profile) -> tuple[int | None, bool]:
+                      profile, signals: _StopSignals) -> tuple[int | None, bool]:
     """Start the master (and workers), show progress until the master exits, then make sure no
-    child is left. Returns the master's exit status and whether Ctrl-C interrupted the run."""
+    child is left. Returns the master's exit status and whether a stop signal interrupted the
+    run."""
     from servelab.orchestration.progress import watch
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **credentials.current().environ())
     master_cmd = list(cmd)
     if workers:
         port = free_port()
         master_cmd += ["--master", "--master-bind-host", "127.0.0.1",
                        "--master-bind-port", str(port), "--expect-workers", str(workers),
                        "--expect-workers-max-wait", f"{timeouts.WORKERS_READY_S:g}"]
-    master = spawn("the Locust master", master_cmd, logs / "master.log", env=env)
-    children = []
-    for i in range(workers):
-        wcmd = [sys.executable, "-m", "locust", "-f", cmd[cmd.index("-f") + 1], "--worker",
-                "--master-host", "127.0.0.1", "--master-port", str(port)]
-        children.append(spawn(f"Locust worker {i}", wcmd, logs / f"worker{i}.log", env=env))
+    master = None
+    children: list[Child] = []
     interrupted = False
     try:
+        # SIGTERM when this process dies, even by SIGKILL: the master ends the run interrupted
+        master = spawn("the Locust master", master_cmd, logs / "master.log", env=env,
+                       parent_death_signal=signal.SIGTERM)
+        for i in range(workers):
+            wcmd = [sys.executable, "-m", "locust", "-f", cmd[cmd.index("-f") + 1], "--worker",
+                    "--master-host", "127.0.0.1", "--master-port", str(port)]
+            children.append(spawn(f"Locust worker {i}", wcmd, logs / f"worker{i}.log", env=env,
+                                  parent_death_signal=signal.SIGTERM))
         watch(master, status_file, quiet, profile)
     except KeyboardInterrupt:
-        # Locust's own Ctrl-C path: the master drains the workers and writes the record.
+        # Locust's own stop path: the master drains the workers and writes the record. SIGTERM,
+        # not SIGINT: a child started from a background shell inherits SIGINT ignored.
         interrupted = True
-        master.send_signal(signal.SIGINT)
-        try:
-            master.wait(timeouts.MASTER_EXIT_S)
-        except subprocess.TimeoutExpired:
-            pass
+        if master is not None:
+            master.send_signal(signal.SIGTERM)
+            try:
+                master.wait(timeouts.MASTER_EXIT_S)
+            except subprocess.TimeoutExpired:
+                pass
     finally:
+        signals.raise_now = False   # from here on a signal must not cut the clean-up short
         for child in children:
+            if master is not None and master.alive():
+                break   # stop() below ends the master first, then the workers
             try:
                 child.wait(timeouts.STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 pass
+        code = master.stop() if master is not None else None
+        for child in children:
             child.stop()
-        code = master.stop()
     return code, interrupted
 
 
-def _report(db: Path, run_id: str, status_file: Path, logs: Path, code: int | None) -> str:
-    """Print the analysis layer's summary of the run and how it ended; returns its status."""
+def _report(db: Path, run_id: str, status_file: Path, logs: Path,
+            code: int | None) -> tuple[str, float | None, list]:
+    """Print the analysis layer's summary of the run and how it ended; returns its status, its
+    error rate and its flags."""
     import duckdb
 
     from servelab.analysis.db import open_for_reading
     from servelab.analysis.summary import make_console, print_summary
     from servelab.orchestration.progress import read_status
-    from servelab.store.runs import saturation
+    from servelab.store.ingest import resolve_abandoned
+    from servelab.store.runs import error_rate, saturation
 
     console = make_console()
+    resolve_abandoned(db)   # a master that died (SIGKILL) left its run `running`
     con = open_for_reading(db)
     try:
-        row = con.execute("SELECT status, notes FROM runs WHERE run_id = ?", [run_id]).fetchone()
+        row = con.execute("SELECT status, notes, flags FROM runs WHERE run_id = ?",
+                          [run_id]).fetchone()
         if row is None:
             raise ServelabError(f"the run did not start (Locust exit {code}); "
                                 f"{logs / 'master.log'} ends with:\n"
                                 f"{log_tail(logs / 'master.log', 30)}")
-        status, notes = row
+        status, notes, flags = row
+        rate = error_rate(con, run_id)
         try:
             print_summary(con, run_id, console)
         except duckdb.Error as exc:  # the rows are stored; `servelab summary` can try again
             console.print(f"[yellow]the summary failed ({exc})[/]")
         for s in saturation(con, run_id):
-            console.print(f"[bold red]generator saturated[/]: worker {s.worker} in stage "
-                          f"{s.stage}: loop-lag p99 {s.loop_lag_p99_ms:.1f} ms, CPU "
-                          f"{s.cpu_percent:.0f}% (typical second); add --workers or hosts")
+            seen = (f"worker {s.worker} in stage {s.stage}: loop-lag p99 "
+                    f"{s.loop_lag_p99_ms:.1f} ms, its CPU {s.cpu_percent:.0f}%")
+            if s.cause == "host":
+                console.print(f"[bold red]host busy[/]: {seen}, host CPU "
+                              f"{s.host_cpu_percent or 0:.0f}% (typical second); other "
+                              f"processes on this host took the CPU; latencies include that "
+                              f"wait; run on a quieter host")
+            else:
+                console.print(f"[bold red]generator saturated[/]: {seen} (typical second); "
+                              f"add --workers or hosts")
     finally:
         con.close()
     final = read_status(status_file)
@@ -236,4 +331,4 @@ def _report(db: Path, run_id: str, status_file: Path, logs: Path, code: int | No
             console.print(f"[yellow]note[/]: {note}")
     if status != "completed":
         console.print(f"[red]the run ended {status}[/]")
-    return status
+    return status, rate, list(flags or [])

@@ -134,9 +134,8 @@ def _parallel(v: Variant, f: ServerFacts) -> Check:
         seen.append(f"TP {f.tensor_parallel_size}")
         if f.tensor_parallel_size != v.tensor_parallel_size:
             problems.append(f"TP {f.tensor_parallel_size}, variant says {v.tensor_parallel_size}")
-    dp = f.data_parallel_size
-    if dp is None and f.engines:
-        dp = len(f.engines)
+    # /metrics labels every engine of a data-parallel server; the larger of the two counts holds.
+    dp = max([n for n in (f.data_parallel_size, len(f.engines) or None) if n], default=None)
     if dp is not None:
         seen.append(f"DP {dp}")
         allowed = {v.data_parallel_size}
@@ -173,9 +172,13 @@ def _model(v: Variant, f: ServerFacts) -> Check:
     got = f.model or f.metric_model_name
     if got is None:
         return Check("model", UNKNOWN, "model not named in the log or /metrics")
-    if got == v.model or got.rstrip("/").endswith("/" + v.model.split("/")[-1]):
+    if got == v.model or got.rstrip("/").endswith("/" + v.model.rstrip("/").split("/")[-1]):
         return Check("model", OK, got)
-    return Check("model", FAIL, f"serves {got}, variant says {v.model}")
+    hint = ""
+    if got.startswith(("/", "./", "~")) and v.model_env:
+        hint = (f"; if that folder holds the variant's model, set {v.model_env}={got} so "
+                f"servelab reads its config.json")
+    return Check("model", FAIL, f"serves {got}, variant says {v.model}{hint}")
 
 
 def judge(variant: Variant, facts: ServerFacts, gpus: list[Gpu] | None = None,
@@ -186,6 +189,9 @@ def judge(variant: Variant, facts: ServerFacts, gpus: list[Gpu] | None = None,
     checks += [_model(variant, facts), _precision(variant, facts, gpus),
                _speculative(variant, facts), _parallel(variant, facts),
                _kv_cache(facts, expected_kv_tokens)]
+    if facts.runtime_errors:
+        checks.append(Check("runtime", WARN, f"the server logged, while serving: "
+                            f"{facts.runtime_errors[0]}"))
     if facts.errors:
         status = "failed_to_start"
     elif any(c.status == FAIL for c in checks):
@@ -251,3 +257,17 @@ def record(db_path: str | Path, run_id: str, verdict: Verdict, extra: dict | Non
             [verdict.to_json(extra), FLAG_UNVERIFIED, FLAG_MISMATCH, verdict.flags, run_id])
     finally:
         con.close()
+
+
+def verify_target_run(db_path: str | Path, run_id: str, variant: Variant, url: str,
+                      log_path: str | Path | None = None) -> Verdict:
+    """``servelab run --target URL --variant V``: judge the server the run measured from its
+    ``/metrics`` (and its log, if given) and record the verdict on the run, so a run against a
+    server that cannot show what it runs is flagged ``unverified`` (or ``variant_mismatch``)."""
+    verdict = verify(variant, log_path=log_path, url=url)
+    if not verdict.sources:
+        verdict.checks.insert(0, Check("evidence", UNKNOWN, f"{url.rstrip('/')}/metrics did not "
+                                       f"answer and no --log was given: nothing to verify from"))
+    record(db_path, run_id, verdict, {"backend": "target", "url": url,
+                                      "log": str(log_path) if log_path else None})
+    return verdict

@@ -23,22 +23,28 @@ from typing import Callable
 import numpy as np
 
 from servelab.core import jsonlines
+from servelab.profiles import files
+from servelab.profiles.limits import MAX_DURATION_S, MAX_TOKENS
 
 Sampler = Callable[[np.random.Generator, "int | tuple[int, ...]"], np.ndarray]
 
 
-def make_sampler(dist, *, integer: bool = True, low: float | None = None) -> Sampler:
+def make_sampler(dist, *, integer: bool = True, low: float | None = None,
+                 high: float | None = None) -> Sampler:
     """A function (rng, size) -> array for one distribution of the schema.
 
     ``low`` is the floor applied when the distribution names no ``min`` (1 for tokens and turns,
-    0 for seconds).
+    0 for seconds); ``high`` the ceiling when it names no ``max`` (the profile limits: a lognormal
+    tail may not overflow the integer cast).
     """
     if low is None:
         low = 1.0 if integer else 0.0
+    if high is None:
+        high = float(MAX_TOKENS) if integer else MAX_DURATION_S
     kind = dist.kind
     if kind == "fixed":
         value = float(dist.value)
-        return _finish(lambda rng, size: np.full(size, value), low, math.inf, integer)
+        return _finish(lambda rng, size: np.full(size, value), low, high, integer)
     if kind == "uniform":
         lo, hi = float(dist.min), float(dist.max)
         if integer:
@@ -46,13 +52,14 @@ def make_sampler(dist, *, integer: bool = True, low: float | None = None) -> Sam
         return lambda rng, size: rng.uniform(lo, hi, size=size)
     if kind == "normal":
         lo = low if dist.min is None else float(dist.min)
-        hi = math.inf if dist.max is None else float(dist.max)
-        mean, stdev = float(dist.mean), float(dist.stdev)
+        hi = high if dist.max is None else float(dist.max)
+        # abs(): numpy refuses a stdev or sigma of -0.0, which the schema's ">= 0" lets through.
+        mean, stdev = float(dist.mean), abs(float(dist.stdev))
         return _finish(lambda rng, size: rng.normal(mean, stdev, size=size), lo, hi, integer)
     if kind == "lognormal":
         lo = low if dist.min is None else float(dist.min)
-        hi = math.inf if dist.max is None else float(dist.max)
-        mu, sigma = lognormal_mu(dist), float(dist.sigma)
+        hi = high if dist.max is None else float(dist.max)
+        mu, sigma = lognormal_mu(dist), abs(float(dist.sigma))
         return _finish(lambda rng, size: rng.lognormal(mu, sigma, size=size), lo, hi, integer)
     if kind == "empirical":
         if dist.histogram is not None:
@@ -80,7 +87,7 @@ def _cast(x: np.ndarray, integer: bool) -> np.ndarray:
 
 
 def _histogram_sampler(bins, integer: bool) -> Sampler:
-    weights = np.array([b.weight for b in bins], float)
+    weights = np.abs(np.array([b.weight for b in bins], float))
     p = weights / weights.sum()
     lo = np.array([b.min for b in bins], float)
     hi = np.array([b.max for b in bins], float)
@@ -121,19 +128,23 @@ def describe(dist, unit: str = "") -> str:
 def read_values_file(path: Path, column: str | None = None) -> list[float]:
     """Numbers from a CSV (optional header; pick ``column``) or JSONL (numbers or objects) file.
 
-    Raises ValueError naming the file's line when a value is missing or not a number.
+    Raises ValueError naming the file's line when a value is missing or not a number, OSError
+    when the file cannot be read or is not a regular file under the size cap.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    text = files.read_text(path)
     if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
         return _read_jsonl(text, column)
-    return _read_csv(text, column)
+    try:
+        return _read_csv(text, column)
+    except csv.Error as exc:   # a field over csv's size limit, a NUL byte
+        raise ValueError(f"not CSV ({exc})") from None
 
 
 def _number(cell, where: str) -> float:
     try:
         value = float(cell)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{where}: {cell!r} is not a number") from None
     if not math.isfinite(value):
         raise ValueError(f"{where}: {cell!r} is not a finite number")

@@ -1,11 +1,15 @@
 """Durations in profiles: seconds as a number, or text such as "30s", "2m", "1m30s", "500ms"."""
 from __future__ import annotations
 
+import math
 import re
+
+from servelab.profiles.limits import MAX_DURATION_S
 
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-ALLOWED = "seconds as a number >= 0, or text like '30s', '2m', '1m30s', '500ms', '1h'"
+ALLOWED = ("seconds as a number >= 0, or text like '30s', '2m', '1m30s', '500ms', '1h' "
+           f"(at most {MAX_DURATION_S:.0f} s, 31 days)")
 
 
 def parse_duration(value) -> float:
@@ -13,7 +17,8 @@ def parse_duration(value) -> float:
     if isinstance(value, bool):
         raise ValueError(ALLOWED)
     if isinstance(value, (int, float)):
-        if value < 0 or value != value:
+        # A 400-digit integer compares fine but does not convert: check the bound first.
+        if not 0 <= value <= MAX_DURATION_S:
             raise ValueError(ALLOWED)
         return float(value)
     if isinstance(value, str):
@@ -28,7 +33,7 @@ def parse_duration(value) -> float:
                 break
             total += float(match.group(1)) * _UNIT_S[match.group(2)]
             pos = match.end()
-        if text and pos == len(text):
+        if text and pos == len(text) and math.isfinite(total) and total <= MAX_DURATION_S:
             return total
     raise ValueError(ALLOWED)
 

@@ -6,6 +6,7 @@ Each problem is printed as ``FILE:LINE: field.path: found X; allowed Y``; a YAML
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from servelab.core.errors import ServelabError
 from servelab.core import yamlsource
+from servelab.profiles import files
 from servelab.profiles.schema import PLAN_KINDS, Profile
 
 _HINTS = {
@@ -68,9 +70,16 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" + (f":{self.column}" if self.column else "")
         if not self.path:
-            return f"{where}: {self.found}; allowed {self.allowed}" if self.allowed \
+            text = f"{where}: {self.found}; allowed {self.allowed}" if self.allowed \
                 else f"{where}: {self.found}"
-        return f"{where}: {self.path}: found {self.found}; allowed {self.allowed}"
+        else:
+            text = f"{where}: {self.path}: found {self.found}; allowed {self.allowed}"
+        return text.translate(_ONE_LINE)
+
+
+# Whatever a file's keys and values hold, a problem stays on one line (str.splitlines breaks at
+# each of these).
+_ONE_LINE = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
 
 
 def load_profile(path) -> Profile:
@@ -78,8 +87,8 @@ def load_profile(path) -> Profile:
     path = Path(path)
     shown = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = files.read_text(path, files.MAX_PROFILE_BYTES)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
         raise ProfileError([Problem(shown, 1, "", f"cannot read the file ({exc})", "")]) from None
     try:
         doc = yamlsource.parse(text)
@@ -106,10 +115,18 @@ def load_profile(path) -> Profile:
     return profile
 
 
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
+
+
 def format_path(path) -> str:
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not _PLAIN_KEY.fullmatch(str(part)):
+            out += f"[{str(part)!r}]"   # a key with dots, spaces or control characters
+        else:
+            out += f".{part}" if out else str(part)
     return out
 
 
@@ -141,8 +158,8 @@ def _profile_rules(data: dict) -> list[tuple[tuple, str, str]]:
             if trace and key in cls:
                 out.append((("classes", i, key), "a length distribution under a trace plan",
                             f"no {key}: the trace gives each request's lengths"))
-            if not trace and key not in cls:
-                out.append((("classes", i, key), "nothing",
+            if not trace and cls.get(key) is None:
+                out.append((("classes", i, key), "null" if key in cls else "nothing",
                             "a length distribution, e.g. 256 or {kind: normal, mean: 512, "
                             "stdev: 128}"))
         for key in ("session", "prefix_tokens"):
@@ -187,6 +204,9 @@ def _translate(err: dict, doc: yamlsource.YamlDoc, shown: str) -> Problem:
               "less_than": "<"}[kind]
         bound = next(iter(ctx.values()))
         found, allowed = _show(err.get("input")), f"a number {op} {_show(bound)}"
+    elif kind == "too_long":
+        found = _show(err.get("input"))
+        allowed = f"a list of at most {ctx.get('max_length')} items"
     elif kind in ("too_short", "string_too_short"):
         found = _show(err.get("input"))
         allowed = "non-empty text" if kind == "string_too_short" else \
@@ -277,12 +297,16 @@ def _show(value) -> str:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return f"{value:g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int):
+        text = str(value)
+        return text if len(text) <= 24 else f"{text[:6]}...{text[-3:]} ({len(text)} digits)"
     if isinstance(value, str):
         return repr(value if len(value) <= 60 else value[:57] + "...")
     if isinstance(value, dict):
-        return "a mapping" + (f" ({', '.join(map(str, list(value)[:6]))})" if value else " ({})")
+        keys = [str(k) if _PLAIN_KEY.fullmatch(str(k)) else repr(k) for k in list(value)[:6]]
+        return "a mapping" + (f" ({', '.join(keys)})" if value else " ({})")
     if isinstance(value, list):
         text = repr(value)
         return text if len(text) <= 60 else f"a list of {len(value)} items"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -148,19 +148,20 @@ class RequestPlanner:
     def arrivals(self, stage_index: int, worker_index: int = 0,
                  worker_count: int = 1) -> list[PlannedRequest]:
         """Requests of a rate or trace stage with ``arrival_s`` from the stage start."""
+        return list(self.iter_arrivals(stage_index, worker_index, worker_count))
+
+    def iter_arrivals(self, stage_index: int, worker_index: int = 0,
+                      worker_count: int = 1) -> Iterator[PlannedRequest]:
+        """``arrivals()`` one request at a time: the first few of a large stage cost little."""
         _check_worker(worker_index, worker_count)
         if self.load_kind not in ("rate", "trace"):
             raise ValueError(f"a {self.load_kind} plan is closed loop: use requests() or "
                              "sessions()")
         times = self.arrival_times(stage_index)
         base = self.stage_first_item(stage_index)
-        out = []
         first = (worker_index - base) % worker_count
         for j in range(first, len(times), worker_count):
-            for req in self.item(base + j):
-                at = float(times[j]) if req.turn == 1 else None
-                out.append(_replace_arrival(req, at))
-        return out
+            yield from self.item(base + j, float(times[j]))
 
     def arrival_times(self, stage_index: int) -> np.ndarray:
         """All arrival offsets (seconds from the stage start) of an open-loop or trace stage."""
@@ -186,8 +187,9 @@ class RequestPlanner:
         return sum(len(self.arrival_times(s)) for s in range(stage_index))
 
     # ---- items ----------------------------------------------------------------------------
-    def item(self, k: int) -> list[PlannedRequest]:
-        """Item ``k``: one request, or all turns of session ``k``, with global indices."""
+    def item(self, k: int, arrival_s: float | None = None) -> list[PlannedRequest]:
+        """Item ``k``: one request, or all turns of session ``k``, with global indices;
+        ``arrival_s`` goes on turn 1 (later turns follow their answers)."""
         b, pos = divmod(k, BLOCK)
         items, starts, _ = self._block(b)
         cls_i, group, turns = items[pos]
@@ -198,8 +200,8 @@ class RequestPlanner:
         for t, (prompt, output, think) in enumerate(turns, start=1):
             prefix = c.prefix_tokens if t == 1 else 0
             out.append(PlannedRequest(index + t - 1, c.name, prompt + prefix, output, group,
-                                      session, t, think if t > 1 else 0.0, None, len(turns),
-                                      prefix))
+                                      session, t, think if t > 1 else 0.0,
+                                      arrival_s if t == 1 else None, len(turns), prefix))
         return out
 
     def _block_base(self, b: int) -> int:
@@ -229,16 +231,19 @@ class RequestPlanner:
         n = len(self._classes)
         which = rng.choice(n, size=BLOCK, p=self._p) if n > 1 else np.zeros(BLOCK, int)
         drawn = []
-        for c in self._classes:
+        for ci, c in enumerate(self._classes):
+            # Every class draws for the whole block (the stream stays the same whatever the
+            # class mix), but only the positions that chose it become Python values.
+            mine = np.flatnonzero(which == ci)
             shape = (BLOCK, c.max_turns)
-            prompt = c.prompt(rng, shape).tolist() if c.prompt else None
-            output = c.output(rng, shape).tolist() if c.output else None
-            group = rng.integers(0, c.groups, size=BLOCK).tolist() if c.groups else None
+            prompt = _rows(c.prompt(rng, shape), mine) if c.prompt else None
+            output = _rows(c.output(rng, shape), mine) if c.output else None
+            group = _rows(rng.integers(0, c.groups, size=BLOCK), mine) if c.groups else None
             if c.session:
-                turns = np.clip(c.turns(rng, BLOCK), 1, c.max_turns).tolist()
-                think = c.think(rng, shape).tolist()
+                turns = _rows(np.clip(c.turns(rng, BLOCK), 1, c.max_turns), mine)
+                think = _rows(c.think(rng, shape), mine)
             else:
-                turns, think = [1] * BLOCK, None
+                turns, think = None, None
             drawn.append((prompt, output, group, turns, think))
         items = []
         rows = self._trace_rows
@@ -254,6 +259,11 @@ class RequestPlanner:
                 seq = [(prompt[pos][t], output[pos][t], think[pos][t]) for t in range(turns[pos])]
             items.append((ci, None if group is None else group[pos], seq))
         return items
+
+
+def _rows(values: np.ndarray, positions: np.ndarray) -> dict:
+    """{position: that row of ``values`` as Python numbers} for the given block positions."""
+    return dict(zip(positions.tolist(), values[positions].tolist()))
 
 
 def arrival_offsets(rng: np.random.Generator, rate: float, duration_s: float, arrival: str,
@@ -277,15 +287,13 @@ def arrival_offsets(rng: np.random.Generator, rate: float, duration_s: float, ar
             gaps = rng.gamma(burstiness, 1.0 / (rate * burstiness), size=chunk)
         else:
             raise ValueError(f"unknown arrival process {arrival!r}")
-        times = total + np.cumsum(gaps)
+        # In place, and cut with searchsorted (times are sorted): a large stage holds one array.
+        times = np.cumsum(gaps, out=gaps)
+        times += total
         parts.append(times)
         total = float(times[-1])
-    times = np.concatenate(parts)
-    return times[times < duration_s]
-
-
-def _replace_arrival(req: PlannedRequest, arrival_s: float | None) -> PlannedRequest:
-    return replace(req, arrival_s=arrival_s)
+    times = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return times[:np.searchsorted(times, duration_s, side="left")]
 
 
 def _check_worker(worker_index: int, worker_count: int) -> None:

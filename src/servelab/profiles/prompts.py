@@ -10,8 +10,10 @@ A first-turn prompt is laid out as ``[shared prefix][tag][body]``:
 
 The target ``prompt_tokens`` is the whole prompt as the server counts it: the chat template (or
 BOS) overhead and the tag are taken out of the body. Lengths add up piece by piece (each piece is
-counted once and cached; byte-level BPE tokenizers do not merge across the newline joints), and a
-fast local counter re-counts the first prompts whole to confirm it. Later turns of a session send
+counted once and cached; each piece ends in its own newline, which byte-level BPE does not merge
+with the next piece's first letter, though Qwen's regex keeps punctuation and a newline together,
+so the tag's words are measured without it), and every counter re-counts the first prompts whole
+to confirm it (a server counter with one /tokenize each). Later turns of a session send
 ``history + [new user message]``; the new message's body has the turn's planned tokens less the
 per-message template overhead, and the target is the counted conversation.
 """
@@ -105,7 +107,10 @@ class PromptBuilder:
         self._prefixes: dict = {}
         self._lock = threading.Lock()
         self._learned = False
-        self._verify_left = (1 << 62) if counter.cheap else VERIFY_FIRST if counter.fast else 0
+        # Server counters too re-count their first prompts whole (a round trip each): the piece
+        # sum is an assumption about the server's tokenizer, checked before it is trusted.
+        self._verify_left = (1 << 62) if counter.cheap else VERIFY_FIRST
+        self._tag_whole = False
         self.mismatches = 0       # whole-prompt recounts that disagreed with the piece sum
 
     # ---- one-time calibration -------------------------------------------------------------
@@ -129,23 +134,38 @@ class PromptBuilder:
         self._learned = True
 
     def _learn_tag_words(self) -> None:
-        """Token count of every tag word (server counters: one request when all are single)."""
+        """Token count of every tag word (server counters: one request when all are single).
+
+        The words are measured against ``head`` without its newline: Qwen-style pre-tokenizers
+        keep punctuation and the newline after it together (``:\\n`` is one token), so a base of
+        ``head + "\\n"`` made every word look two tokens long and every prompt 2 tokens short.
+        The sum is then checked against whole tags; where it does not hold, tags are counted
+        whole (one cached request each)."""
         c, head = self.counter, f"Request {self.salt}:"
-        self._tag_base = c.count_plain(head + "\n")
-        together = c.count_plain(head + "".join(" " + w for w in TAG_WORDS) + "\n")
-        if together - self._tag_base == len(TAG_WORDS):
+        base = c.count_plain(head)
+        # A tag always ends "<word>\n"; a letter and the newline do not merge.
+        self._tag_newline = c.count_plain(head + " the\n") - c.count_plain(head + " the")
+        together = c.count_plain(head + "".join(" " + w for w in TAG_WORDS))
+        if together - base == len(TAG_WORDS):
             self._word_tokens = dict.fromkeys(TAG_WORDS, 1)
         else:
-            self._word_tokens = {w: c.count_plain(f"{head} {w}\n") - self._tag_base
-                                 for w in TAG_WORDS}
+            self._word_tokens = {w: c.count_plain(f"{head} {w}") - base for w in TAG_WORDS}
+        self._tag_base = base + self._tag_newline
+        self._tag_whole = any(
+            self._tag_sum(i) != c.count_plain(self._tag_text(i)) for i in (0, 1, 4097, 262143))
+
+    def _tag_text(self, index: int) -> str:
+        return f"Request {self.salt}: " + " ".join(tag_words(index)) + "\n"
+
+    def _tag_sum(self, index: int) -> int:
+        return self._tag_base + sum(self._word_tokens[w] for w in tag_words(index))
 
     # ---- pieces ---------------------------------------------------------------------------
     def tag(self, index: int) -> tuple[str, int]:
-        words = tag_words(index)
-        text = f"Request {self.salt}: " + " ".join(words) + "\n"
-        if self.counter.fast:
+        text = self._tag_text(index)
+        if self.counter.fast or self._tag_whole:
             return text, self.counter.count_plain(text)
-        return text, self._tag_base + sum(self._word_tokens[w] for w in words)
+        return text, self._tag_sum(index)
 
     def body(self, corpus: Corpus, slot: int, n: int) -> tuple[str, int]:
         """Corpus text from a slot, ``n`` plain tokens long (cached per (corpus, slot, n))."""

@@ -5,182 +5,25 @@ model's validator and raise ``problem(field, found, allowed)`` so the loader can
 field. Rules that span the whole profile (weights, class names, trace vs lengths) are checked by
 the loader on the raw YAML, so they are reported even when other parts fail to validate.
 """
-# No `from __future__ import annotations`: the distribution models are built inside a function
-# and pydantic must see their annotations as objects, not strings.
+# No `from __future__ import annotations`: pydantic must see the annotations as objects.
 import math
 from pathlib import Path
-from typing import Annotated, Literal, Optional, Union
+from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationInfo
-from pydantic import model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
-from servelab.profiles.durations import ALLOWED as DURATION_ALLOWED
-from servelab.profiles.durations import parse_duration
+from servelab.profiles.dists import (MAX_TURNS, Duration, PositiveDuration, SecondsDist, Strict,
+                                     TokenDist, TurnDist, Weight, _base_dir, problem,
+                                     upper_bound)
+from servelab.profiles.limits import (MAX_BURSTINESS, MAX_CLASSES, MAX_DURATION_S,
+                                      MAX_PLANNED_REQUESTS, MAX_PREFIX_GROUPS, MAX_SEED,
+                                      MAX_STAGES, MAX_TIME_SCALE, MAX_TOKENS, MAX_TURN_SLOTS,
+                                      MAX_USERS, MIN_BURSTINESS)
 
-MAX_TURNS = 100
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 TEXT_SOURCES = ("modern", "kjv", "code")
-
-
-def problem(field: str | None, found, allowed: str) -> PydanticCustomError:
-    """An error the loader prints as `path.field: found X; allowed Y` at the field's line."""
-    if isinstance(found, float):
-        found = f"{found:g}"
-    return PydanticCustomError(
-        "servelab", "found {found}; allowed {allowed}",
-        {"field": field or "", "found": str(found), "allowed": allowed},
-    )
-
-
-def _duration(value):
-    try:
-        return parse_duration(value)
-    except ValueError:
-        raise problem(None, repr(value), DURATION_ALLOWED) from None
-
-
-Duration = Annotated[float, BeforeValidator(_duration)]
-PositiveDuration = Annotated[float, BeforeValidator(_duration), Field(gt=0)]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-def _base_dir(info: ValidationInfo) -> Path:
-    ctx = info.context or {}
-    return Path(ctx.get("base_dir") or ".")
-
-
-def _dist_union(number, low: float, unit: str, shorthand_types: tuple):
-    """Build the tagged union of length/count/time distributions for one unit."""
-
-    class Fixed(Strict):
-        kind: Literal["fixed"]
-        value: number
-
-    class Uniform(Strict):
-        kind: Literal["uniform"]
-        min: number
-        max: number
-
-        @model_validator(mode="after")
-        def _order(self):
-            if self.max < self.min:
-                raise problem("max", f"{self.max:g} < min {self.min:g}", "max >= min")
-            return self
-
-    real = number if unit == "seconds" else Annotated[float, Field(ge=0)]
-
-    class Normal(Strict):
-        kind: Literal["normal"]
-        mean: real
-        stdev: real
-        min: Optional[number] = None
-        max: Optional[number] = None
-
-        @model_validator(mode="after")
-        def _order(self):
-            lo = low if self.min is None else self.min
-            if self.max is not None and self.max < lo:
-                raise problem("max", f"{self.max:g} < min {lo:g}", "max >= min")
-            return self
-
-    class LogNormal(Strict):
-        kind: Literal["lognormal"]
-        median: Optional[Annotated[float, Field(gt=0)]] = None
-        mean: Optional[Annotated[float, Field(gt=0)]] = None
-        sigma: Annotated[float, Field(ge=0)]
-        min: Optional[number] = None
-        max: Optional[number] = None
-
-        @model_validator(mode="after")
-        def _shape(self):
-            if (self.median is None) == (self.mean is None):
-                found = "both median and mean" if self.median is not None else "neither"
-                raise problem("median", found, "exactly one of median or mean (with sigma)")
-            lo = low if self.min is None else self.min
-            if self.max is not None and self.max < lo:
-                raise problem("max", f"{self.max:g} < min {lo:g}", "max >= min")
-            return self
-
-    class Bin(Strict):
-        min: number
-        max: number
-        weight: Annotated[float, Field(ge=0)]
-
-        @model_validator(mode="after")
-        def _order(self):
-            if self.max < self.min:
-                raise problem("max", f"{self.max:g} < min {self.min:g}", "max >= min")
-            return self
-
-    class Empirical(Strict):
-        kind: Literal["empirical"]
-        samples: Optional[Annotated[list[number], Field(min_length=1)]] = None
-        histogram: Optional[Annotated[list[Bin], Field(min_length=1)]] = None
-        file: Optional[str] = None
-        column: Optional[str] = None
-        _values: Optional[list] = PrivateAttr(default=None)
-
-        @model_validator(mode="after")
-        def _source(self, info: ValidationInfo):
-            given = [k for k in ("samples", "histogram", "file") if getattr(self, k) is not None]
-            if len(given) != 1:
-                raise problem("samples", "both " + " and ".join(given) if given else "none of them",
-                              "exactly one of samples, histogram or file")
-            if self.column is not None and self.file is None:
-                raise problem("column", repr(self.column), "column only together with file")
-            if self.histogram is not None and sum(b.weight for b in self.histogram) <= 0:
-                raise problem("histogram", "weights summing to 0", "weights with a positive sum")
-            if self.file is not None:
-                from servelab.profiles.distributions import read_values_file
-
-                path = _base_dir(info) / self.file
-                try:
-                    values = read_values_file(path, self.column)
-                except (OSError, ValueError) as exc:
-                    raise problem("file", f"{self.file!r} ({exc})",
-                                  f"a CSV or JSONL file of {unit} >= {low:g}, relative to the "
-                                  "profile's folder") from None
-                bad = [v for v in values if v < low]
-                if bad:
-                    raise problem("file", f"{self.file!r} with value {bad[0]:g}",
-                                  f"{unit} >= {low:g}")
-                self._values = values
-            return self
-
-    def shorthand(value):
-        # `output_tokens: 128` (or `think_time: 5s`) means a fixed value.
-        if isinstance(value, shorthand_types) and not isinstance(value, bool):
-            return {"kind": "fixed", "value": value}
-        return value
-
-    union = Union[Fixed, Uniform, Normal, LogNormal, Empirical]
-    return Annotated[union, Field(discriminator="kind"), BeforeValidator(shorthand)]
-
-
-Tokens = Annotated[int, Field(ge=1)]
-TokenDist = _dist_union(Tokens, 1, "token counts", (int, float, str))
-TurnDist = _dist_union(Annotated[int, Field(ge=1, le=MAX_TURNS)], 1, "turn counts",
-                       (int, float, str))
-SecondsDist = _dist_union(Duration, 0, "seconds", (int, float, str))
-
-
-def upper_bound(dist) -> float:
-    """The largest value a distribution can produce (inf when unbounded)."""
-    if dist.kind == "fixed":
-        return dist.value
-    if dist.kind in ("uniform",):
-        return dist.max
-    if dist.kind in ("normal", "lognormal"):
-        return math.inf if dist.max is None else dist.max
-    if dist.samples is not None:
-        return max(dist.samples)
-    if dist.histogram is not None:
-        return max(b.max for b in dist.histogram if b.weight > 0)
-    return max(dist._values)
+# Defined in dists and used from here by the planner and the tests.
+__all__ = ["MAX_TURNS", "SecondsDist", "TokenDist", "TurnDist", "problem", "upper_bound"]
 
 
 class Slo(Strict):
@@ -213,11 +56,11 @@ class Session(Strict):
 
 class ClassSpec(Strict):
     name: Annotated[str, Field(pattern=NAME_PATTERN)]
-    weight: Annotated[float, Field(ge=0)] = 1.0
+    weight: Weight = 1.0
     prompt_tokens: Optional[TokenDist] = None
     output_tokens: Optional[TokenDist] = None
-    prefix_tokens: Annotated[int, Field(ge=0)] = 0
-    prefix_groups: Optional[Annotated[int, Field(ge=1)]] = None
+    prefix_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS)] = 0
+    prefix_groups: Optional[Annotated[int, Field(ge=1, le=MAX_PREFIX_GROUPS)]] = None
     session: Optional[Session] = None
     text: Literal[TEXT_SOURCES] = "modern"
     slo: Slo = Slo()
@@ -238,19 +81,25 @@ class ClassSpec(Strict):
         return self.prefix_groups or 1
 
 
+Users = Annotated[int, Field(ge=1, le=MAX_USERS)]
+InFlight = Optional[Annotated[int, Field(ge=1, le=MAX_PLANNED_REQUESTS)]]
+
+
 class ConcurrencyPlan(Strict):
-    levels: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
+    levels: Annotated[list[Users], Field(min_length=1, max_length=MAX_STAGES)]
     warmup: Duration = 0.0
     hold: PositiveDuration
 
 
 class RatePlan(Strict):
-    rates: Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=1)]
+    rates: Annotated[list[Annotated[float, Field(gt=0)]],
+                     Field(min_length=1, max_length=MAX_STAGES)]
     arrival: Literal["poisson", "gamma", "constant"] = "poisson"
-    burstiness: Optional[Annotated[float, Field(gt=0)]] = None
+    # Below 0.01 almost every gamma gap underflows to 0 and arrival generation never ends.
+    burstiness: Optional[Annotated[float, Field(ge=MIN_BURSTINESS, le=MAX_BURSTINESS)]] = None
     duration: PositiveDuration
     warmup: Duration = 0.0
-    max_in_flight: Optional[Annotated[int, Field(ge=1)]] = None
+    max_in_flight: InFlight = None
 
     @model_validator(mode="after")
     def _burstiness(self):
@@ -261,41 +110,46 @@ class RatePlan(Strict):
         if self.arrival != "gamma" and self.burstiness is not None:
             raise problem("burstiness", self.burstiness,
                           f"burstiness only with arrival: gamma (found arrival: {self.arrival})")
+        planned = sum(self.rates) * (self.warmup + self.duration)
+        if planned > MAX_PLANNED_REQUESTS:
+            raise problem("rates", f"{planned:,.0f} planned requests (sum of rates x "
+                          f"(warmup + duration))", f"at most {MAX_PLANNED_REQUESTS:,} planned "
+                          "requests per run: lower the rates or the duration, or split the run")
         return self
 
 
 class RampStage(Strict):
-    users: Annotated[int, Field(ge=0)]
-    spawn_rate: Annotated[float, Field(gt=0)]
+    users: Annotated[int, Field(ge=0, le=MAX_USERS)]
+    spawn_rate: Annotated[float, Field(gt=0, le=MAX_USERS)]
     duration: PositiveDuration
 
 
 class RampPlan(Strict):
-    stages: Annotated[list[RampStage], Field(min_length=1)]
+    stages: Annotated[list[RampStage], Field(min_length=1, max_length=MAX_STAGES)]
 
 
 class TraceLimits(Strict):
     start: Duration = 0.0
     max_duration: Optional[PositiveDuration] = None
-    max_requests: Optional[Annotated[int, Field(ge=1)]] = None
+    max_requests: InFlight = None
 
 
 class TracePlan(Strict):
     file: str
     format: Literal["auto", "azure", "mooncake"] = "auto"
-    time_scale: Annotated[float, Field(gt=0)] = 1.0
-    max_in_flight: Optional[Annotated[int, Field(ge=1)]] = None
+    time_scale: Annotated[float, Field(gt=0, le=MAX_TIME_SCALE)] = 1.0
+    max_in_flight: InFlight = None
     limits: TraceLimits = TraceLimits()
     _rows: list = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
     def _read(self, info: ValidationInfo):
-        from servelab.profiles.trace import TraceFormatError, read_trace, select_rows
+        from servelab.profiles.trace import read_trace, select_rows
 
         path = _base_dir(info) / self.file
         try:
             rows = read_trace(path, self.format)
-        except (OSError, TraceFormatError) as exc:
+        except (OSError, ValueError) as exc:   # TraceFormatError, a file not UTF-8
             raise problem("file", f"{self.file!r} ({exc})",
                           "an Azure LLM trace CSV (TIMESTAMP,ContextTokens,GeneratedTokens) or "
                           "a Mooncake JSONL file (timestamp,input_length,output_length), "
@@ -305,6 +159,14 @@ class TracePlan(Strict):
         if not self._rows:
             raise problem("limits", "no rows left after start/max_duration/max_requests",
                           "limits that keep at least one trace row")
+        if len(self._rows) > MAX_PLANNED_REQUESTS:
+            raise problem("limits", f"{len(self._rows):,} trace rows", f"at most "
+                          f"{MAX_PLANNED_REQUESTS:,} planned requests: set max_requests")
+        span = self._rows[-1].arrival_s
+        if not span <= MAX_DURATION_S:
+            raise problem("time_scale", f"a replay of {span:g} s", f"at most "
+                          f"{MAX_DURATION_S:.0f} s (31 days): lower time_scale or set "
+                          "limits.max_duration")
         return self
 
     @property
@@ -314,6 +176,10 @@ class TracePlan(Strict):
 
 
 PLAN_KINDS = ("concurrency", "rate", "ramp", "trace")
+_PLAN_EXAMPLES = {"concurrency": "{levels: [1, 4], hold: 1m}",
+                  "rate": "{rates: [1, 2], duration: 1m}",
+                  "ramp": "{stages: [{users: 4, spawn_rate: 1, duration: 1m}]}",
+                  "trace": "{file: traces/azure_conv_sample.csv}"}
 
 
 class LoadSpec(Strict):
@@ -332,6 +198,9 @@ class LoadSpec(Strict):
                               "exactly one of concurrency, rate, ramp, trace")
             if not given and not (set(data) - set(PLAN_KINDS)):
                 raise problem(None, "no plan", "exactly one of concurrency, rate, ramp, trace")
+            if len(given) == 1 and data[given[0]] is None:
+                raise problem(given[0], "null", f"the {given[0]} plan's settings, e.g. "
+                              + _PLAN_EXAMPLES[given[0]])
         return data
 
     @property
@@ -348,16 +217,21 @@ class Profile(Strict):
     description: Annotated[str, Field(min_length=1)]
     endpoint: Literal["chat", "completions"] = "chat"
     model: Annotated[str, Field(min_length=1)] = "auto"
-    seed: Annotated[int, Field(ge=0)] = 0
+    seed: Annotated[int, Field(ge=0, le=MAX_SEED)] = 0
     tokenizer: Optional[str] = None
     salt: bool = True
-    classes: Annotated[list[ClassSpec], Field(min_length=1)]
+    classes: Annotated[list[ClassSpec], Field(min_length=1, max_length=MAX_CLASSES)]
     load: LoadSpec
     _path: Optional[Path] = PrivateAttr(default=None)
     _base_dir: Path = PrivateAttr(default=Path("."))
 
     @model_validator(mode="after")
     def _files(self, info: ValidationInfo):
+        slots = sum(int(upper_bound(c.session.turns)) for c in self.classes if c.session)
+        if slots > MAX_TURN_SLOTS:
+            raise problem("classes", f"sessions with {slots:,} turns in all (the max turns of "
+                          "every class with a session, summed)", f"at most {MAX_TURN_SLOTS:,}: "
+                          "fewer classes with sessions or lower max turns")
         self._base_dir = _base_dir(info)
         if self.tokenizer is not None and not (self._base_dir / self.tokenizer).is_file():
             raise problem("tokenizer", f"{self.tokenizer!r} (no such file)",

@@ -25,6 +25,8 @@ import urllib.request
 from collections import OrderedDict
 from pathlib import Path
 
+from servelab.core import credentials
+
 CHARS_PER_TOKEN = 4.0
 CHAT_MESSAGE_TOKENS = 4     # <|im_start|> role \n ... <|im_end|> \n
 CHAT_REPLY_TOKENS = 3       # <|im_start|> assistant \n
@@ -148,10 +150,11 @@ class ServerCounter:
     fast = False
     cheap = False
 
-    def __init__(self, base_url: str, model: str, timeout: float = 30.0):
+    def __init__(self, base_url: str, model: str, timeout: float = 30.0, headers=None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout = timeout
+        self.headers = headers      # None: this process's credentials (core.credentials)
         self.note = ""
         self.max_model_len = None
         self._cache: OrderedDict = OrderedDict()
@@ -160,8 +163,9 @@ class ServerCounter:
 
     def _post(self, path: str, body: dict) -> dict:
         data = json.dumps(body).encode()
+        auth = credentials.headers() if self.headers is None else self.headers
         req = urllib.request.Request(self.base_url + path, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={**auth, "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read())
@@ -184,9 +188,9 @@ class ServerCounter:
         return value
 
     def tokenize(self, text: str, special: bool = True) -> list[int]:
-        body = {"model": self.model, "prompt": text}
-        if not special:
-            body["add_special_tokens"] = False
+        # vLLM's TokenizeCompletionRequest: add_special_tokens (BOS) defaults to True, as a
+        # completions request does; sent explicitly so the count never rests on a default.
+        body = {"model": self.model, "prompt": text, "add_special_tokens": special}
         reply = self._post("/tokenize", body)
         if not isinstance(reply.get("tokens"), list):
             raise TokenCountError(f"{self.base_url}/tokenize: no 'tokens' list in the reply")
@@ -210,7 +214,11 @@ class ServerCounter:
         key = ("chat", json.dumps(messages, sort_keys=True))
 
         def ask():
-            reply = self._post("/tokenize", {"model": self.model, "messages": messages})
+            # TokenizeChatRequest as a chat completion is counted: the template's generation
+            # prompt on, no special tokens added beyond the template's own.
+            reply = self._post("/tokenize", {"model": self.model, "messages": messages,
+                                             "add_generation_prompt": True,
+                                             "add_special_tokens": False})
             if not isinstance(reply.get("count"), int):
                 raise TokenCountError(f"{self.base_url}/tokenize: no 'count' in the reply")
             return reply["count"]
@@ -242,11 +250,13 @@ class ServerCounter:
         return ids
 
 
-def resolve_model(server_url: str, timeout: float = 10.0) -> str:
+def resolve_model(server_url: str, timeout: float = 10.0, headers=None) -> str:
     """The first model id of GET /v1/models (what ``model: auto`` means)."""
     url = server_url.rstrip("/") + "/v1/models"
+    auth = credentials.headers() if headers is None else headers
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=auth),
+                                    timeout=timeout) as resp:
             data = json.loads(resp.read())
         return data["data"][0]["id"]
     except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
@@ -254,7 +264,7 @@ def resolve_model(server_url: str, timeout: float = 10.0) -> str:
 
 
 def make_counter(server_url: str | None = None, model: str | None = None,
-                 tokenizer_json=None, timeout: float = 10.0):
+                 tokenizer_json=None, timeout: float = 10.0, headers=None):
     """The best available counter: server, then local tokenizer.json, then the estimate.
 
     A server that cannot tokenize (unreachable, no /tokenize, an error) falls through to the next
@@ -263,8 +273,9 @@ def make_counter(server_url: str | None = None, model: str | None = None,
     notes = []
     if server_url:
         try:
-            name = model if model and model != "auto" else resolve_model(server_url, timeout)
-            counter = ServerCounter(server_url, name, timeout=timeout)
+            name = (model if model and model != "auto"
+                    else resolve_model(server_url, timeout, headers))
+            counter = ServerCounter(server_url, name, timeout=timeout, headers=headers)
             counter.count_plain("Hello world.")
             return counter
         except TokenCountError as exc:

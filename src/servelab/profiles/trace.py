@@ -18,6 +18,8 @@ from datetime import datetime
 from pathlib import Path
 
 from servelab.core import jsonlines
+from servelab.profiles import files
+from servelab.profiles.limits import MAX_TOKENS
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
@@ -34,26 +36,28 @@ class TraceRow:
     output_tokens: int
 
 
-def detect_format(path: Path) -> str:
+def detect_format(path: Path, text: str | None = None) -> str:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson", ".json"):
         return "mooncake"
     if suffix == ".csv":
         return "azure"
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            if line.strip():
-                return "mooncake" if line.lstrip().startswith("{") else "azure"
+    for line in (files.read_text(path) if text is None else text).splitlines():
+        if line.strip():
+            return "mooncake" if line.lstrip().startswith("{") else "azure"
     raise TraceFormatError("empty file")
 
 
 def read_trace(path, fmt: str = "auto") -> list[TraceRow]:
     """All rows, sorted by arrival, with arrival_s relative to the earliest row (seconds)."""
     path = Path(path)
+    text = files.read_text(path)
     if fmt == "auto":
-        fmt = detect_format(path)
-    text = path.read_text(encoding="utf-8")
-    raw = _read_azure(text) if fmt == "azure" else _read_mooncake(text)
+        fmt = detect_format(path, text)
+    try:
+        raw = _read_azure(text) if fmt == "azure" else _read_mooncake(text)
+    except csv.Error as exc:   # a field over csv's size limit, a NUL byte
+        raise TraceFormatError(f"not CSV ({exc})") from None
     if not raw:
         raise TraceFormatError("no rows")
     raw.sort(key=lambda r: r[0])
@@ -86,19 +90,28 @@ def select_rows(rows: list[TraceRow], time_scale: float = 1.0, start_s: float = 
 def _tokens(value, where: str, name: str) -> int:
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TraceFormatError(f"{where}: {name} {value!r} is not a number") from None
-    if not math.isfinite(number) or number < 0 or number != int(number):
-        raise TraceFormatError(f"{where}: {name} {value!r} is not a whole number >= 0")
+    if not (math.isfinite(number) and 0 <= number <= MAX_TOKENS and number == int(number)):
+        raise TraceFormatError(f"{where}: {name} {value!r} is not a whole number from 0 to "
+                               f"{MAX_TOKENS:,}")
     return int(number)
+
+
+def _finite(seconds: float, where: str, value) -> float:
+    if not math.isfinite(seconds):
+        raise TraceFormatError(f"{where}: timestamp {value!r} is not a finite number")
+    return seconds
 
 
 def _timestamp(value: str, where: str) -> float:
     value = value.strip()
     try:
-        return float(value)
+        seconds = float(value)
     except ValueError:
         pass
+    else:
+        return _finite(seconds, where, value)
     # Azure writes 7 fractional digits; datetime takes at most 6.
     head, dot, frac = value.partition(".")
     try:
@@ -109,8 +122,11 @@ def _timestamp(value: str, where: str) -> float:
     if dot:
         if not frac.isdigit():
             raise TraceFormatError(f"{where}: TIMESTAMP {value!r} is not a date-time")
-        extra = int(frac) / 10 ** len(frac)
-    return stamp.timestamp() + extra
+        extra = int(frac[:9]) / 10 ** len(frac[:9])
+    try:
+        return stamp.timestamp() + extra
+    except (OverflowError, ValueError, OSError):
+        raise TraceFormatError(f"{where}: TIMESTAMP {value!r} is out of range") from None
 
 
 def _read_azure(text: str) -> list[tuple[float, int, int]]:
@@ -147,9 +163,10 @@ def _read_mooncake(text: str) -> list[tuple[float, int, int]]:
             raise TraceFormatError(f"{where}: missing {', '.join(missing)}")
         try:
             stamp_ms = float(item["timestamp"])
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise TraceFormatError(f"{where}: timestamp {item['timestamp']!r} is not a number "
                                    "of milliseconds") from None
-        rows.append((stamp_ms / 1000.0, _tokens(item["input_length"], where, "input_length"),
+        rows.append((_finite(stamp_ms / 1000.0, where, item["timestamp"]),
+                     _tokens(item["input_length"], where, "input_length"),
                      _tokens(item["output_length"], where, "output_length")))
     return rows

@@ -2,10 +2,15 @@
 
 A model directory is the HF id with ``/`` replaced by ``--`` (``Qwen/Qwen2.5-7B-Instruct`` ->
 ``Qwen--Qwen2.5-7B-Instruct``), the same convention as the Hugging Face cache.
+
+A model may also be a local folder (``/models/qwen2_5_7b``, ``./qwen``, ``~/m``), as ``vllm serve
+/path`` takes it on hosts without internet: its own ``config.json`` is read, and its id is the
+path exactly as given, because vLLM's served model name defaults to the model argument.
 """
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +57,7 @@ class ModelSpec:
 
     @property
     def short_name(self) -> str:
-        return self.hf_id.split("/")[-1]
+        return self.hf_id.rstrip("/").split("/")[-1]
 
     @property
     def quant_method(self) -> str | None:
@@ -91,6 +96,29 @@ class ModelSpec:
         return 2 * self.num_layers * kv_heads * self.head_dim * kv_dtype_bytes
 
 
+def is_model_path(name: str) -> bool:
+    """A local folder rather than an HF id: absolute, ``./``/``../``/``~`` relative, or an
+    existing directory (vLLM, too, serves a local directory before asking the Hub)."""
+    text = name.strip()
+    return (text.startswith(("/", "./", "../", "~")) or text in (".", "..")
+            or os.path.isdir(os.path.expanduser(text)))
+
+
+def model_folder_config(name: str) -> Path:
+    """``config.json`` of a local model folder; a clear error when it is missing."""
+    folder = Path(os.path.expanduser(name.strip()))
+    if not folder.is_dir():
+        raise ServelabError(f"model {name!r}: no such folder; give the folder that holds the "
+                            f"model's config.json (as `vllm serve FOLDER` takes it) or a Hugging "
+                            f"Face id such as Qwen/Qwen2.5-7B-Instruct")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ServelabError(f"model {name!r}: {path} is missing; a model folder needs the model's "
+                            f"Hugging Face config.json (copy it there, e.g. from "
+                            f"servers/models/ORG--NAME/config.json)")
+    return path
+
+
 def resolve_model_id(name: str) -> str:
     """Accept an HF id (``Qwen/Qwen3-14B``), a directory name or a short name (``Qwen3-14B``)."""
     known = list_models()
@@ -102,13 +130,18 @@ def resolve_model_id(name: str) -> str:
     raise ServelabError(
         f"unknown model {name!r}; known: {', '.join(known)} "
         f"(add servers/models/{model_dir_name(wanted) if '/' in wanted else 'ORG--NAME'}/config.json, "
-        f"a copy of the model's Hugging Face config.json)"
+        f"a copy of the model's Hugging Face config.json; or, for a local model folder, give "
+        f"its path: absolute or ./relative)"
     )
 
 
 def load_model(name: str) -> ModelSpec:
-    hf_id = resolve_model_id(name)
-    path = models_dir() / model_dir_name(hf_id) / "config.json"
+    """By HF id (``servers/models/``) or from a local folder's own ``config.json``."""
+    if is_model_path(name):
+        hf_id, path = name.strip(), model_folder_config(name)
+    else:
+        hf_id = resolve_model_id(name)
+        path = models_dir() / model_dir_name(hf_id) / "config.json"
     try:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as exc:

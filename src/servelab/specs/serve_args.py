@@ -14,7 +14,8 @@ from servelab.core.errors import ServelabError
 QUANTIZATIONS = ("fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "marlin", "compressed-tensors")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
 
-# Flags that do not change step timing or capacity. name -> takes a value
+# Flags that do not change step timing or capacity (--api-key is enforced by the HTTP server,
+# sim/server/auth.py, not the engine). name -> takes a value
 NO_EFFECT_FLAGS = {
     "--host": True, "--port": True, "--uvicorn-log-level": True, "--api-key": True,
     "--download-dir": True, "--tokenizer": True, "--chat-template": True, "--revision": True,
@@ -45,7 +46,8 @@ class ServeArgs:
     data_parallel_size: int = 1
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    gpu_memory_utilization: float = 0.9
+    # vLLM 0.26's default (its start-up log: "--gpu-memory-utilization=0.9200"); 0.9 before.
+    gpu_memory_utilization: float = 0.92
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     served_model_name: list[str] = field(default_factory=list)

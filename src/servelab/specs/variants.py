@@ -20,7 +20,7 @@ from servelab.core.paths import servers_dir
 from servelab.core import yamlsource
 from servelab.specs.serve_args import FLAG_ALIASES
 from servelab.specs.server_kinds import DEFAULT_KIND, KINDS, SPECULATIVE_METHODS, ServerKind
-from servelab.specs.server_kinds.kind import HF_ID_RE
+from servelab.specs.server_kinds.kind import is_model_ref
 
 WEIGHT_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
 ACTIVATION_PRECISIONS = ("bf16", "fp16", "fp8", "int8")
@@ -236,8 +236,9 @@ def _build(path: Path, doc: yamlsource.YamlDoc, environ) -> Variant:
     if not isinstance(description, str) or not description.strip():
         p.add(("description",), description, "a sentence saying what this variant tests")
     model = data.get("model")
-    if not isinstance(model, str) or not HF_ID_RE.match(model):
-        p.add(("model",), model, "a Hugging Face id such as Qwen/Qwen2.5-7B-Instruct")
+    if not is_model_ref(model):
+        p.add(("model",), model, "a Hugging Face id such as Qwen/Qwen2.5-7B-Instruct or a local "
+              "model folder such as /models/qwen2_5_7b (absolute, or ./ relative)")
     model_env = data.get("model_env")
     if model_env is not None and (not isinstance(model_env, str) or not ENV_RE.match(model_env)):
         p.add(("model_env",), model_env, "an environment variable name such as SERVELAB_MODEL")

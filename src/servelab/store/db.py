@@ -10,6 +10,7 @@ even read-only. ``open_db`` turns that into a clear ``DatabaseLocked`` error.
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tempfile
@@ -19,10 +20,40 @@ import duckdb
 import orjson
 
 from servelab.core.errors import ServelabError
+from servelab.store.quarantine import check_lines
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 TABLES = ("runs", "run_classes", "stages", "requests", "server_metrics", "client_health",
           "run_workers")
+
+
+# The ITL sketch of a request (table itl_sketches; why and how: analysis/README.md, "Percentiles:
+# exact, except ITL"): DDSketch log buckets at relative accuracy 1%, gamma = 1.01/0.99, bucket of a
+# value v > 0 = ceil(log_gamma(v)); 0 -> -500000, v < 0 -> -1000000 - ceil(log_gamma(-v)) (ordered
+# below 0); NULL, NaN and infinite gaps have no bucket. Kept here, beside the insert it follows,
+# because the writer must not import the analysis layer; the analysis layer backfills with it.
+def _bucket(v: str) -> str:
+    return (f"CASE WHEN NOT isfinite({v}) THEN NULL "
+            f"WHEN {v} > 0 THEN CAST(ceil(ln({v}) / ln(1.01 / 0.99)) AS INTEGER) "
+            f"WHEN {v} = 0 THEN -500000 "
+            f"ELSE -1000000 - CAST(ceil(ln(-{v}) / ln(1.01 / 0.99)) AS INTEGER) END")
+
+
+ITL_SKETCH_SELECT = f"""
+SELECT run_id, request_id, len(gaps) AS gaps, list_sum(w) AS gap_tokens, list_sum(gaps) AS gap_sum_ms,
+    CAST(list_aggregate(flatten(list_transform(list_zip(gaps, w),
+         p -> list_resize([{_bucket('p[1] / p[2]')}], p[2], {_bucket('p[1] / p[2]')}))), 'histogram')
+         AS MAP(INTEGER, BIGINT)) AS token_sketch,
+    CAST(list_aggregate(list_transform(gaps, g -> {_bucket('g')}), 'histogram')
+         AS MAP(INTEGER, BIGINT)) AS chunk_sketch
+FROM (
+    SELECT run_id, request_id,
+        coalesce(list_transform(list_zip(list_slice(chunk_offsets_ms, 2, -1), list_slice(chunk_offsets_ms, 1, -2)),
+                                p -> p[1] - p[2]), []) AS gaps,
+        list_transform(range(2, coalesce(len(chunk_offsets_ms), 0) + 1),
+                       i -> greatest(coalesce(chunk_tokens[i], 1), 1)) AS w
+    FROM {{source}}
+)"""
 
 
 class DatabaseLocked(ServelabError):
@@ -73,7 +104,11 @@ class Store:
             # core for a moment at each batch, right under the streams being timed.
             con.execute(f"SET threads = {int(threads)}")
         self._types = {t: column_types(con, t) for t in TABLES}
+        self._tables = {r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
         self._dir = tempfile.mkdtemp(prefix="servelab-batch-")
+        self.repaired = 0   # rows stored with values set to NULL (why: their data_quality)
+        self.dropped = 0    # rows no table would take, left out (logged)
         self.batch_path = os.path.join(self._dir, "batch.ndjson")
 
     def columns_sql(self, table: str) -> str:
@@ -81,15 +116,29 @@ class Store:
         return "{" + ", ".join(f"'{n}': '{t}'" for n, t in types.items()) + "}"
 
     def read_json_sql(self, table: str, path: str) -> str:
-        # ignore_errors stays off: a bad row must fail loudly, not vanish.
+        # ignore_errors stays off: a bad row must fail loudly, not vanish (a failed batch goes
+        # through ``store.quarantine``, which keeps every row it can).
         quoted = path.replace("'", "''")
         return (f"read_json('{quoted}', format = 'newline_delimited', "
                 f"columns = {self.columns_sql(table)})")
 
-    def append_ndjson(self, table: str, data: bytes, replace: bool = False) -> None:
-        """Append NDJSON rows (keys = column names; missing keys are NULL)."""
+    def append_ndjson(self, table: str, data: bytes, replace: bool = False,
+                      checked: bool = False) -> None:
+        """Append NDJSON rows (keys = column names; missing keys are NULL).
+
+        ``checked``: first find the rows the table refuses (``store.quarantine``: the batch is
+        split, those rows repaired or dropped, counted in ``repaired`` and ``dropped``), so the
+        insert cannot fail on a value. For a batch that failed as is; it must not be called
+        for every batch (a failing batch costs a few extra parses)."""
         if not data:
             return
+        if checked:
+            got = check_lines(self, table, [ln for ln in data.split(b"\n") if ln.strip()])
+            self.repaired += got.repaired
+            self.dropped += got.dropped
+            if not got.lines:
+                return
+            data = b"\n".join(got.lines) + b"\n"
         with open(self.batch_path, "wb") as f:
             f.write(data)
             if not data.endswith(b"\n"):
@@ -97,6 +146,21 @@ class Store:
         verb = "INSERT OR REPLACE INTO" if replace else "INSERT INTO"
         source = self.read_json_sql(table, self.batch_path)
         self.con.execute(f"{verb} {table} BY NAME SELECT * FROM {source}")
+        if table == "requests":
+            self._sketch(source)
+
+    def _sketch(self, source: str) -> None:
+        """The batch's ITL sketches, read from the same batch file (not from the table, which
+        grows): a write that dies between the two statements leaves requests without a sketch,
+        which the analysis layer backfills when it next opens the file."""
+        if "itl_sketches" not in self._tables:
+            return
+        try:
+            self.con.execute(f"INSERT INTO itl_sketches {ITL_SKETCH_SELECT.format(source=source)}")
+        except duckdb.Error as exc:
+            # The requests are stored; raising would make the caller store the batch again.
+            logging.getLogger(__name__).warning("ITL sketches of a batch not written (%s); the "
+                                                "next open of the file backfills them", exc)
 
     def append_rows(self, table: str, rows: list, replace: bool = False) -> None:
         """Rows of the table's ``store.rows`` type (orjson writes the dataclasses natively)."""

@@ -49,6 +49,7 @@ class RequestRow:
     turn: int | None = None
     response_id: str | None = None
     chunk_token_source: str | None = None
+    data_quality: str | None = None
 
     def plan(self, planned, stage: int, level: float | None) -> "RequestRow":
         """Copy what the planner decided (class, targets, prefix group, session) onto the row."""
@@ -155,6 +156,11 @@ class HealthRow:
     in_flight: int | None = None
     backlog: int | None = None
     rss_mb: float | None = None
+    involuntary_switches_per_s: float | None = None
+    host_cpu_percent: float | None = None
+    host_steal_percent: float | None = None
+    host_load_per_core: float | None = None
+    host_runnable_per_core: float | None = None
 
 
 @dataclass(slots=True)

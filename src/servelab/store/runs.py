@@ -7,10 +7,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The generator is flagged when, in any stage, a worker's typical second (the median of its
-# 1-second health samples) had a loop-lag p99 above this, or a CPU above CPU_LIMIT.
+# A worker is flagged when, in any stage, its typical second (the median of its 1-second health
+# samples) had a loop-lag p99 above this, or a CPU above CPU_LIMIT.
 LOOP_LAG_LIMIT_MS = 5.0
 CPU_LIMIT = 90.0
+# Then the cause: a process that used at least OWN_CPU_BUSY % of a core did the work itself
+# (generator_saturated: add workers); one below it that waited while the host was busy (any
+# HOST_BUSY_* limit reached) lost the cores to other processes (host_busy: a quieter host). Lag
+# with neither (a blocking call in the worker) stays generator_saturated.
+OWN_CPU_BUSY = 30.0
+HOST_BUSY_CPU = 90.0          # host CPU busy, percent of all cores
+HOST_BUSY_RUNNABLE = 1.0      # other runnable threads per core
+HOST_BUSY_STEAL = 10.0        # percent of the host's time taken by the hypervisor
+HOST_BUSY_SWITCHES = 50.0     # this process's involuntary context switches per second
+# (host_load_per_core is recorded but not judged: a 1-minute average trails a stage by a minute.)
 
 
 def mark_warmup(con, run_id: str) -> None:
@@ -41,13 +51,28 @@ class Saturation:
     stage: int
     loop_lag_p99_ms: float
     cpu_percent: float
+    cause: str = "generator"               # "generator" or "host"
+    host_cpu_percent: float | None = None
+    host_runnable_per_core: float | None = None
+    host_steal_percent: float | None = None
+    involuntary_switches_per_s: float | None = None
+
+
+def _host_was_busy(s: Saturation) -> bool:
+    return any(v is not None and v >= limit for v, limit in (
+        (s.host_cpu_percent, HOST_BUSY_CPU), (s.host_runnable_per_core, HOST_BUSY_RUNNABLE),
+        (s.host_steal_percent, HOST_BUSY_STEAL),
+        (s.involuntary_switches_per_s, HOST_BUSY_SWITCHES)))
 
 
 def saturation(con, run_id: str) -> list[Saturation]:
+    """Every (worker, stage) whose typical second was over a limit, with its cause."""
     rows = con.execute(
         """
         SELECT h.worker, s.stage,
-               median(h.loop_lag_p99_ms) AS lag, median(h.cpu_percent) AS cpu
+               median(h.loop_lag_p99_ms) AS lag, median(h.cpu_percent) AS cpu,
+               median(h.host_cpu_percent), median(h.host_runnable_per_core),
+               median(h.host_steal_percent), median(h.involuntary_switches_per_s)
         FROM client_health h
         JOIN stages s ON s.run_id = h.run_id
              AND h.t_unix >= s.started_unix AND h.t_unix < coalesce(s.ended_unix, 'infinity')
@@ -56,7 +81,13 @@ def saturation(con, run_id: str) -> list[Saturation]:
         HAVING median(h.loop_lag_p99_ms) > ? OR median(h.cpu_percent) > ?
         ORDER BY s.stage, h.worker
         """, [run_id, LOOP_LAG_LIMIT_MS, CPU_LIMIT]).fetchall()
-    return [Saturation(w, st, lag, cpu) for w, st, lag, cpu in rows]
+    out = []
+    for worker, stage, lag, cpu, host_cpu, runnable, steal, switches in rows:
+        s = Saturation(worker, stage, lag, cpu, "generator", host_cpu, runnable, steal, switches)
+        if (cpu or 0.0) < OWN_CPU_BUSY and _host_was_busy(s):
+            s.cause = "host"
+        out.append(s)
+    return out
 
 
 def lost_rows(con, run_id: str) -> int:
@@ -66,17 +97,40 @@ def lost_rows(con, run_id: str) -> int:
     return int(row[0])
 
 
+def error_rate(con, run_id: str) -> float | None:
+    """Failed requests over requests sent (Locust's failure ratio), warm-up included; arrivals
+    the open loop dropped were never sent and do not count. None: nothing was sent."""
+    total, failed = con.execute(
+        "SELECT count(*), count(error_kind) FROM requests WHERE run_id = ? AND "
+        "coalesce(arrival_status, '') <> 'dropped'", [run_id]).fetchone()
+    return failed / total if total else None
+
+
+def bad_values(con, run_id: str) -> int:
+    """Rows whose server-sent values were out of range or of the wrong type (stored as NULL with
+    the reason in data_quality), or that were repaired after a batch failed."""
+    row = con.execute("SELECT count(*) FROM requests WHERE run_id = ? AND data_quality IS NOT NULL",
+                      [run_id]).fetchone()
+    return int(row[0])
+
+
 def refresh_flags(con, run_id: str) -> list[str]:
-    """Recompute the flags this module owns (generator_saturated, rows_lost); keep the others."""
+    """Recompute the flags this module owns (generator_saturated, host_busy, rows_lost,
+    bad_values); keep the others."""
     row = con.execute("SELECT flags FROM runs WHERE run_id = ?", [run_id]).fetchone()
     if row is None:
         return []
-    owned = {"generator_saturated", "rows_lost"}
+    owned = {"generator_saturated", "host_busy", "rows_lost", "bad_values"}
     flags = [f for f in (row[0] or []) if f not in owned]
-    if saturation(con, run_id):
+    causes = {s.cause for s in saturation(con, run_id)}
+    if "generator" in causes:
         flags.append("generator_saturated")
+    if "host" in causes:
+        flags.append("host_busy")
     if lost_rows(con, run_id):
         flags.append("rows_lost")
+    if bad_values(con, run_id):
+        flags.append("bad_values")
     con.execute("UPDATE runs SET flags = ? WHERE run_id = ?", [flags, run_id])
     return flags
 

@@ -87,12 +87,14 @@ CREATE TABLE IF NOT EXISTS requests (
     session_id            VARCHAR,
     turn                  INTEGER,
     response_id           VARCHAR,    -- the server's response id (joins with server-side logs)
-    chunk_token_source    VARCHAR     -- usage (per-chunk usage deltas) | estimated (1 per chunk)
+    chunk_token_source    VARCHAR,    -- usage (per-chunk usage deltas) | estimated (1 per chunk)
+    data_quality          VARCHAR     -- why a value was stored as NULL (bad_usage: / quarantined:)
 );
 
 -- Columns added after the first schema (a database made before them gets them here).
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS response_id VARCHAR;
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS chunk_token_source VARCHAR;
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS data_quality VARCHAR;
 
 -- Prometheus samples scraped from the target during the run.
 CREATE TABLE IF NOT EXISTS server_metrics (
@@ -115,6 +117,13 @@ CREATE TABLE IF NOT EXISTS client_health (
     backlog           INTEGER,       -- open loop: arrivals due but not yet sent
     rss_mb            DOUBLE
 );
+-- What tells a busy host from a saturated generator (store/runs.py): this process's involuntary
+-- context switches, the host's busy CPU (all cores, percent), steal time, load per core.
+ALTER TABLE client_health ADD COLUMN IF NOT EXISTS involuntary_switches_per_s DOUBLE;
+ALTER TABLE client_health ADD COLUMN IF NOT EXISTS host_cpu_percent DOUBLE;
+ALTER TABLE client_health ADD COLUMN IF NOT EXISTS host_steal_percent DOUBLE;
+ALTER TABLE client_health ADD COLUMN IF NOT EXISTS host_load_per_core DOUBLE;      -- 1-minute load average / cores
+ALTER TABLE client_health ADD COLUMN IF NOT EXISTS host_runnable_per_core DOUBLE;  -- other runnable threads now / cores
 
 -- Produced vs stored rows per worker: no row is lost silently.
 CREATE TABLE IF NOT EXISTS run_workers (
@@ -151,4 +160,18 @@ CREATE TABLE IF NOT EXISTS fidelity (
     baseline_text     VARCHAR,
     candidate_text    VARCHAR,
     matrix_id         VARCHAR    -- the matrix this comparison belongs to, NULL otherwise
+);
+
+-- Derived from requests, one row per request as it is written (store.db.ITL_SKETCH_SELECT): its ITL
+-- samples as mergeable DDSketch bucket counts (relative accuracy 1%), so stage, class, run and
+-- cross-run ITL percentiles add counts instead of sorting every chunk gap. The raw chunk lists in
+-- requests stay the truth (itl_stage_quantiles_exact reads them).
+CREATE TABLE IF NOT EXISTS itl_sketches (
+    run_id        VARCHAR,
+    request_id    VARCHAR,
+    gaps          BIGINT,                 -- chunk gaps (chunks - 1)
+    gap_tokens    BIGINT,                 -- tokens of chunks 2..n (per-token samples)
+    gap_sum_ms    DOUBLE,                 -- sum of the chunk gaps (exact means)
+    token_sketch  MAP(INTEGER, BIGINT),   -- bucket -> per-token samples (gap/k, k times)
+    chunk_sketch  MAP(INTEGER, BIGINT)    -- bucket -> chunk gaps
 );

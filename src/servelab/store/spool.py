@@ -10,11 +10,16 @@ Layout: ``SPOOL_ROOT/RUN_ID/WORKER/`` holding
 Every write is one ``os.write`` on an ``O_APPEND`` descriptor: a few microseconds, no user-space
 buffer, so a worker killed with SIGKILL leaves every row it had finished on disk. After such a
 kill, ``started`` minus the spooled rows is exactly the set of requests that were in flight.
+
+Run ids and worker names become folder names, so every path that takes one (``servelab run``,
+Locust's ``--run-id``, a worker's RUN message, a spool's meta.json on ingest) checks it with
+``check_id``, and the spool folder must resolve inside the spool root.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -22,35 +27,74 @@ from pathlib import Path
 
 import orjson
 
+from servelab.core.errors import ServelabError
+
 REQUESTS = "requests.ndjson"
 HEALTH = "health.ndjson"
 STARTED = "started.bin"
 META = "meta.json"
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+ID = re.compile(r"[A-Za-z0-9._-]{1,100}")
+ID_RULE = "use 1-100 letters, digits, '.', '_' or '-' (not '.' or '..')"
+
+
+def check_id(value, what: str = "--run-id") -> str:
+    """``value`` if it is a safe run id or worker name (one path component), else a
+    ServelabError naming ``what`` (the flag or file it came from)."""
+    if not isinstance(value, str) or not ID.fullmatch(value) or value in (".", ".."):
+        raise ServelabError(f"{what} {value!r}: {ID_RULE}")
+    return value
+
+
+def spool_dir(root, run_id: str, worker: str) -> Path:
+    """``root/run_id/worker``, checked to stay inside ``root`` (a symlink out of it is refused)."""
+    check_id(run_id, "run id")
+    check_id(worker, "worker name")
+    base = Path(root).resolve()
+    path = (base / run_id / worker).resolve()
+    if not path.is_relative_to(base):
+        raise ServelabError(f"spool folder {path} is outside --spool-dir {base} (a symlink "
+                            "under it?); remove the link or pick another --spool-dir")
+    return path
 
 
 class Spool:
     def __init__(self, root, run_id: str, worker: str):
-        self.dir = Path(root) / run_id / worker
+        self.dir = spool_dir(root, run_id, worker)
         self.dir.mkdir(parents=True, exist_ok=True)
         meta = {"run_id": run_id, "worker": worker, "host": socket.gethostname(),
                 "pid": os.getpid(), "started_unix": time.time()}
         (self.dir / META).write_text(json.dumps(meta))
-        self._requests = os.open(self.dir / REQUESTS, _FLAGS, 0o644)
-        self._health = os.open(self.dir / HEALTH, _FLAGS, 0o644)
-        self._started = os.open(self.dir / STARTED, _FLAGS, 0o644)
+        self._fds = {name: os.open(self.dir / name, _FLAGS, 0o644)
+                     for name in (REQUESTS, HEALTH, STARTED)}
+        self.closed = False
 
     def started(self, seq: int) -> None:
-        os.write(self._started, seq.to_bytes(8, "little"))
+        self._write(STARTED, seq.to_bytes(8, "little"))
 
     def request(self, line: bytes) -> None:
-        os.write(self._requests, line)
+        self._write(REQUESTS, line)
 
     def health(self, line: bytes) -> None:
-        os.write(self._health, line)
+        self._write(HEALTH, line)
+
+    def _write(self, name: str, data: bytes) -> None:
+        if not self.closed:
+            os.write(self._fds[name], data)
+            return
+        # A request that finishes after the spool was closed (a worker stopped by a signal)
+        # still lands in the file; a closed descriptor's number may already be another file's.
+        fd = os.open(self.dir / name, _FLAGS, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
-        for fd in (self._requests, self._health, self._started):
+        if self.closed:
+            return
+        self.closed = True
+        for fd in self._fds.values():
             try:
                 os.close(fd)
             except OSError:
@@ -86,12 +130,23 @@ def find_spools(path) -> list[Path]:
 def read_spool(path) -> SpoolContents:
     path = Path(path)
     meta = json.loads((path / META).read_text())
+    if not isinstance(meta, dict):
+        raise ServelabError(f"{path / META}: not a JSON object; this is no servelab spool")
+    check_id(meta.get("run_id"), f"{path / META}: run_id")
+    check_id(meta.get("worker"), f"{path / META}: worker")
     out = SpoolContents(path, meta)
     out.requests, torn_r = _lines(path / REQUESTS)
     out.health, torn_h = _lines(path / HEALTH)
     out.torn = torn_r + torn_h
+    rows = []
     for line in out.requests:
-        out.seqs.add(orjson.loads(line)["worker_seq"])
+        seq = orjson.loads(line).get("worker_seq")
+        if type(seq) is int:
+            out.seqs.add(seq)
+            rows.append(line)
+        else:
+            out.torn += 1   # no worker_seq: no row of this worker's, whatever else it holds
+    out.requests = rows
     raw = (path / STARTED).read_bytes() if (path / STARTED).exists() else b""
     whole = len(raw) - len(raw) % 8
     out.started = {int.from_bytes(raw[i:i + 8], "little") for i in range(0, whole, 8)}

@@ -17,6 +17,7 @@ from gevent import monkey
 from geventhttpclient.connectionpool import ConnectionPool
 
 from servelab.loadgen.client.clock import to_unix
+from servelab.loadgen.client.chunks import count_value
 from servelab.loadgen.client.stream import StreamState, read_stream
 from servelab.loadgen.client.watchdog import StreamTimeout, Watchdog
 from servelab.loadgen.client.wire import Wire
@@ -59,6 +60,9 @@ class Target:
         # Older servers reject continuous_usage_stats with a 400: after one such answer this
         # target is asked for include_usage only.
         self.continuous_ok = True
+        # vLLM names its response after the X-Request-Id (chatcmpl-<id>): once this target has
+        # echoed one, a response naming another request is somebody else's answer.
+        self.echoes_id = False
 
 
 @dataclass
@@ -127,12 +131,17 @@ def _attempt(session, target: Target, spec: RequestSpec, watchdog: Watchdog,
         except gevent.GreenletExit:
             raise
         except Exception as exc:  # noqa: BLE001 - every failure is an outcome
-            _flag(state, *_classify_exception(exc, False))
+            status = getattr(exc, "servelab_status", 0)
+            _flag(state, *_classify_exception(exc, bool(status)))
         else:
             status = raw.get_code()
             if status != 200:
                 _flag(state, f"http_{status}", _body_excerpt(raw))
             else:
+                encoding = raw.get("content-encoding")
+                if encoding and encoding.lower() != "identity":
+                    # asked for identity: a compressed body is no stream this reader can time
+                    _flag(state, "malformed_encoding", f"Content-Encoding: {encoding}"[:200])
                 try:
                     read_stream(raw, state, target.chat, texts)
                 except gevent.GreenletExit:
@@ -145,6 +154,7 @@ def _attempt(session, target: Target, spec: RequestSpec, watchdog: Watchdog,
                 else:
                     if not state.done and state.error_kind is None:
                         _flag(state, "stream_cut", "the body ended before [DONE]")
+                    _judge(state, target, spec.request_id)
     except gevent.GreenletExit as exc:
         state.error_kind = None
         _flag(state, "aborted", "the load generator stopped this request")
@@ -153,6 +163,9 @@ def _attempt(session, target: Target, spec: RequestSpec, watchdog: Watchdog,
         watchdog.release()
     t_done = time.perf_counter()
     row = _measured(state, spec, status, t_sent, t_done)
+    if row.data_quality is not None and row.error_kind is None:
+        row.error_kind = "bad_usage"
+        row.error_text = row.data_quality[len("bad_usage: "):]
     if report is not None:
         # One entry per attempt: E2E (or the time to the failure) and output tokens.
         failure = f"{state.error_kind}: {(state.error_text or '')[:200]}" \
@@ -183,6 +196,7 @@ def _measured(state: StreamState, spec: RequestSpec, status: int, t_sent: float,
     out.finish_reason = state.finish_reason
     out.error_kind = state.error_kind
     out.error_text = state.error_text
+    quality = list(state.quality) if state.quality else []
     if stamps:
         out.first_token_unix = to_unix(stamps[0])
         out.last_token_unix = to_unix(stamps[-1])
@@ -199,18 +213,52 @@ def _measured(state: StreamState, spec: RequestSpec, status: int, t_sent: float,
             out.chunk_token_source = "estimated"
     cached = None
     if usage:
-        out.prompt_tokens = usage.get("prompt_tokens")
-        out.output_tokens = usage.get("completion_tokens")
+        out.prompt_tokens = _count(usage, "prompt_tokens", quality)
+        out.output_tokens = _count(usage, "completion_tokens", quality)
         out.token_source = "usage"
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict):
-            cached = details.get("cached_tokens")
+            cached = _count(details, "cached_tokens", quality)
+        elif details is not None:
+            quality.append(f"prompt_tokens_details={_short(details)} is no object")
     else:
         out.prompt_tokens = spec.prompt_tokens_estimate
         out.output_tokens = sum(out.chunk_tokens)
         out.token_source = "estimated"
     out.cached_tokens = cached
+    if quality:
+        out.data_quality = ("bad_usage: " + "; ".join(quality))[:500]
     return out
+
+
+def _count(obj: dict, key: str, quality: list) -> int | None:
+    """A usage count as stored (an int within INTEGER), else NULL with the reason in ``quality``."""
+    v = obj.get(key)
+    if v is None:
+        return None
+    n = count_value(v)
+    if n is None:
+        quality.append(f"{key}={_short(v)} out of range" if type(v) is int
+                       else f"{key}={_short(v)} is no count")
+    return n
+
+
+def _short(v, n: int = 40) -> str:
+    return (v if isinstance(v, str) else repr(v))[:n]
+
+
+def _judge(state: StreamState, target: Target, request_id: str) -> None:
+    """What a complete stream still has to pass: its answer is this request's, and it had output."""
+    rid = state.response_id
+    if rid is not None:
+        if rid == request_id or rid.endswith("-" + request_id):
+            target.echoes_id = True
+        elif target.echoes_id:
+            _flag(state, "wrong_response", f"response id {rid[:100]!r} is not this request's "
+                  f"({request_id})")
+    if not state.stamps:
+        _flag(state, "empty_stream", "the stream ended without a content chunk"
+              + (f" (finish_reason {state.finish_reason})" if state.finish_reason else ""))
 
 
 def _flag(state: StreamState, kind: str, text: str) -> None:
@@ -246,14 +294,19 @@ def _classify_exception(exc: BaseException, in_stream: bool) -> tuple[str, str]:
             return ("timeout_connect" if is_timeout else "connect_error"), text
         if is_timeout:
             return "timeout_first_token", text
+        if type(exc).__name__ in ("HTTPParseError", "HTTPProtocolViolationError") \
+                and "closed" not in str(exc):
+            return "malformed_http", text   # what came back is no HTTP response head
         if isinstance(exc, OSError) or type(exc).__name__ in (
                 "HTTPConnectionClosed", "HTTPParseError", "ConnectionError"):
             return "connect_reset", text
         return "client_error", text
     if is_timeout:
         return "timeout_between_chunks", text
-    if isinstance(exc, OSError) or type(exc).__name__ in (
-            "HTTPConnectionClosed", "HTTPParseError", "HTTPProtocolViolationError"):
+    if type(exc).__name__ in ("HTTPParseError", "HTTPProtocolViolationError"):
+        # the framing the server sent after its 200 head (a bad chunk size, a broken trailer)
+        return "malformed_http", text
+    if isinstance(exc, OSError) or type(exc).__name__ == "HTTPConnectionClosed":
         return "stream_cut", text
     return "client_error", text
 

@@ -26,6 +26,9 @@ from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
 from geventhttpclient.url import URL
 from geventhttpclient.useragent import CompatRequest, CompatResponse
 
+from servelab.core import credentials
+from servelab.loadgen.client.response import OneResponse
+
 _FIXED = {"Content-Type": "application/json", "Accept": "text/event-stream",
           "Accept-Encoding": "identity"}
 
@@ -69,21 +72,22 @@ class Wire:
             # body: that answer is the finding, as in geventhttpclient's own client. The
             # response releases the socket itself, whatever happens.
             try:
-                resp = HTTPSocketPoolResponse(sock, pool, block_size=http.block_size,
-                                              method="POST", headers_type=http.headers_type)
+                resp = OneResponse(sock, pool, block_size=http.block_size,
+                                   method="POST", headers_type=http.headers_type)
             except (gevent.socket.error, HTTPParseError):
                 raise exc from None
             return self._keep_cookies(resp)
         except BaseException:
             pool.release_socket(sock)
             raise
-        resp = HTTPSocketPoolResponse(sock, pool, block_size=http.block_size, method="POST",
-                                      headers_type=http.headers_type)
+        resp = OneResponse(sock, pool, block_size=http.block_size, method="POST",
+                           headers_type=http.headers_type)
         return self._keep_cookies(resp)
 
     def head(self) -> bytes:
         """Request line and headers up to X-Request-Id, rebuilt when the defaults change."""
-        key = (tuple(dict.values(self.agent.default_headers)), self.session.auth_header)
+        key = (tuple(dict.values(self.agent.default_headers)), self.session.auth_header,
+               credentials.generation)
         if key != self._key:
             self._head = self._build_head()
             self._key = key
@@ -96,6 +100,7 @@ class Wire:
         fields.update(self.agent.default_headers)
         if self.session.auth_header:
             fields["Authorization"] = self.session.auth_header
+        fields.update(credentials.current().headers)   # --api-key, --header (core.credentials)
         fields.update(_FIXED)
         for name in ("X-Request-Id", "Content-Length", "Transfer-Encoding", "Expect", "Cookie"):
             if name in fields:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 
 import gevent
@@ -90,7 +91,10 @@ class Collector:
             store.append_rows("run_classes", record.class_rows(), replace=True)
 
         self.writer.call(insert_run)
-        self.runner.send_message(messages.RUN, record.announcement(self.accounts.slots))
+        # The master's pid and host: a worker on this host stops within a second of its death.
+        self.runner.send_message(messages.RUN, dict(record.announcement(self.accounts.slots),
+                                                    master_pid=os.getpid(),
+                                                    master_host=socket.gethostname()))
         self.scraper = Scraper(target, self._on_scrape) if target else None
         self.status_file = StatusFile(settings.status_file, self.status)
         log.info("servelab: run %s started: profile %s, %d worker(s), target %s", run_id,
@@ -214,6 +218,9 @@ class Collector:
             notes.append(f"database error during the run: {writer.error}")
         for err in self.worker_errors:
             notes.append(f"a worker could not join the run: {err}")
+        if writer.store.repaired or writer.store.dropped:
+            notes.append(f"{writer.store.repaired} rows stored with bad values set to NULL "
+                         f"(see data_quality), {writer.store.dropped} lines no table would take")
         extra = {"token_count_source": ",".join(sorted(sources)) or None,
                  "metrics_scrape": self.scraper.status if self.scraper else None}
         final_row = self.record.row(status, "; ".join(notes) or None, extra)

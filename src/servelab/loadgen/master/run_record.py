@@ -12,6 +12,7 @@ import time
 
 from servelab import __version__
 from servelab.core.timeouts import HTTP_PROBE_S
+from servelab.loadgen import profile_files
 from servelab.loadgen.options import Settings
 from servelab.store.rows import ClassRow, RunRow, class_rows
 
@@ -34,11 +35,14 @@ class RunRecord:
         self.host_info = _host_info()
         self.gpus = _variant_gpus(settings.variant)
         self.profile_text = profile.path.read_text(encoding="utf-8")
+        # A worker may be another host without the master's files: they travel in the RUN message.
+        self.profile_files = profile_files.bundle(profile) if workers else {}
 
     def announcement(self, slots: dict) -> dict:
         """What every worker needs to take part (the RUN message)."""
         return {"run_id": self.run_id, "slots": slots, "settings": self.settings.as_json(),
                 "profile_path": str(self.profile.path), "profile_text": self.profile_text,
+                "profile_files": self.profile_files,
                 "seed": self.seed, "salt": self.salt, "model": self.model,
                 "target": self.target}
 

@@ -16,6 +16,7 @@ import gevent
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
+from servelab.core import credentials
 from servelab.store.rows import MetricSample
 
 log = logging.getLogger("servelab.loadgen")
@@ -34,7 +35,8 @@ class Scraper:
     def scrape_once(self) -> bool:
         t = time.time()
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:
+            req = urllib.request.Request(self.url, headers=credentials.headers())
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 text = resp.read().decode("utf-8", "replace")
         except urllib.error.HTTPError as exc:
             if exc.code == 404:

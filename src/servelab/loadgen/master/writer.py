@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+import duckdb
 import gevent
 from gevent.event import Event
 from gevent.queue import Queue
@@ -93,6 +94,15 @@ class DbWriter:
 
     # ---- the database thread --------------------------------------------------------------
     def _write(self, items: list) -> list:
+        try:
+            return self._write_once(items, False)
+        except duckdb.Error:
+            # a value a column refuses failed the transaction: once more with every row batch
+            # checked, so the good rows land and the bad ones are repaired or dropped (counted
+            # in store.repaired / store.dropped), never resent forever
+            return self._write_once(items, True)
+
+    def _write_once(self, items: list, checked: bool) -> list:
         store = self.store
         con = store.con
         rows, health, metrics, calls, acks = [], [], [], [], []
@@ -117,9 +127,9 @@ class DbWriter:
         try:
             for call in calls:
                 call(store)
-            store.append_ndjson("requests", b"".join(rows))
-            store.append_ndjson("client_health", b"".join(health))
-            store.append_ndjson("server_metrics", b"".join(metrics))
+            store.append_ndjson("requests", b"".join(rows), checked=checked)
+            store.append_ndjson("client_health", b"".join(health), checked=checked)
+            store.append_ndjson("server_metrics", b"".join(metrics), checked=checked)
             con.execute("COMMIT")
         except BaseException:
             con.execute("ROLLBACK")

@@ -17,6 +17,7 @@ from pathlib import Path
 import gevent
 from gevent.event import Event
 
+from servelab.core.errors import ServelabError
 from servelab.loadgen.client.clock import now_unix, to_unix
 from servelab.loadgen.client.request import ALL_STATUSES, RequestSpec, Target, execute
 from servelab.loadgen.client.watchdog import StreamTimeout, Watchdog
@@ -57,19 +58,21 @@ def install(ctx: "WorkerContext | None") -> None:
 
 
 def load_shipped_profile(run: dict, spool_root: str):
-    """The profile as the master read it: its own file when identical here, else a local copy."""
+    """The profile as the master read it: its own file when it and every file it names are
+    identical here, else a copy rebuilt from the RUN message (``loadgen/profile_files.py``)."""
+    from servelab.loadgen import profile_files
     from servelab.profiles import load_profile
 
     path, text = Path(run["profile_path"]), run["profile_text"]
-    try:
-        if path.read_text(encoding="utf-8") == text:
-            return load_profile(path)
-    except OSError:
-        pass
-    copy = Path(spool_root) / run["run_id"] / "profile" / path.name
-    copy.parent.mkdir(parents=True, exist_ok=True)
-    copy.write_text(text, encoding="utf-8")
-    return load_profile(copy)
+    sent = run.get("profile_files") or {}
+    shipped = sent.get("files") or {}
+    if profile_files.same_here(path, text) and all(
+            profile_files.same_here(path.parent / ref, body) for ref, body in shipped.items()):
+        return load_profile(path)
+    if sent.get("error"):   # over the size cap: nothing came, and nothing is here
+        raise ServelabError(sent["error"])
+    root = Path(spool_root) / run["run_id"] / "profile"
+    return load_profile(profile_files.unpack(root, path.name, text, shipped))
 
 
 class WorkerContext:
@@ -196,31 +199,37 @@ class WorkerContext:
             now_unix(), why))
 
     # ---- closed loop ----------------------------------------------------------------------
-    def closed_loop_item(self, client) -> None:
-        """One user's next item: a single request or a whole session, turns in order."""
+    def closed_loop_item(self, client):
+        """One user's next item: a single request or a whole session, turns in order. Returns
+        the last request's row (None: nothing was sent), for the user's back-off."""
         if self.draining or self.stage is None:
             self._park()
-            return
+            return None
         try:
             item = next(self.sessions)
         except StopIteration:
             self._park()
-            return
+            return None
         history = None
+        row = None
         for planned in item:
             if planned.turn > 1 and planned.think_time_s > 0:
                 gevent.sleep(planned.think_time_s)
             with self.busy():
                 if self.draining:
-                    return  # checked after the think time too: the run may have ended meanwhile
+                    return row  # checked after the think time too: the run may have ended
                 built = self.builder.build(planned, history)
                 more = planned.turn < planned.turns
                 out, reply = self.run_request(client, planned, built, self.stage,
                                               collect_text=more)
-            if out is None or out.row.error_kind is not None:
-                return  # the run is over, or a conversation cannot go on past a failed turn
+            if out is None:
+                return row  # the run is over
+            row = out.row
+            if row.error_kind is not None:
+                return row  # a conversation cannot go on past a failed turn
             if more:
                 history = built.history_with(reply)
+        return row
 
     @contextmanager
     def busy(self):
@@ -265,6 +274,35 @@ class WorkerContext:
                 "started": self.recorder.started, "all_acked": acked, "aborted": aborted,
                 "host": self.host, "spool_path": self.spool_path, "pid": os.getpid(),
                 "count_source": self.count_source}
+
+    def leave(self, timeout_s: float, ack_timeout_s: float) -> dict | None:
+        """This worker is stopping on its own (SIGTERM, SIGINT, its master gone): the drain the
+        master would have asked for, with a short wait for acks (the master may be dead; the
+        spool keeps every row either way). A drain already under way is waited for."""
+        if self.drained.is_set():
+            return None
+        if self.draining:
+            self.drained.wait(timeout_s + ack_timeout_s + 5.0)
+            return None
+        log.warning("servelab: worker %s is stopping: draining %d request(s) in flight",
+                    self.worker, self.watchdog.in_flight())
+        report = self.drain(timeout_s, ack_timeout_s)
+        log.warning("servelab: worker %s drained: %d rows spooled, all acknowledged: %s",
+                    self.worker, report["produced"], report["all_acked"])
+        return report
+
+    def master_gone(self) -> bool:
+        """The master's process no longer exists (only knowable on the master's own host)."""
+        pid, host = self.run.get("master_pid"), self.run.get("master_host")
+        if not pid or host != self.host:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
 
     def warm_up(self) -> None:
         """Build one prompt now, so the first request of the run does not pay for the counter's

@@ -31,6 +31,7 @@ class ServeOptions:
     timer_guard_ms: float = 1.0
     log_stats_interval: float = 5.0
     ready_file: str | None = None
+    api_keys: tuple[str, ...] = ()     # --api-key (else $VLLM_API_KEY); never logged
 
 
 def log(line: str) -> None:
@@ -78,7 +79,8 @@ def serve(config: EngineConfig, instances: int, salt: str | None, opts: ServeOpt
         return 1
     server = SimServer(config, seed=opts.seed, faults=opts.faults, instances=instances,
                        output_divergence=opts.output_divergence, divergence_salt=salt,
-                       guard_s=max(opts.timer_guard_ms, 0.0) / 1000.0, log=log)
+                       guard_s=max(opts.timer_guard_ms, 0.0) / 1000.0,
+                       api_keys=list(opts.api_keys), log=log)
     if server.dev_mode:
         log("WARNING SECURITY WARNING: Development endpoints are enabled! This should NOT be used "
             "in production!")
@@ -94,6 +96,9 @@ def serve(config: EngineConfig, instances: int, salt: str | None, opts: ServeOpt
         url = loop.run_until_complete(server.start(opts.host, opts.port))
         log(f"Serving {', '.join(server.served.names)} at {url} (max_model_len "
             f"{config.max_model_len}; {len(server.engines)} engine(s))")
+        if server.api_keys:
+            log(f"API key authentication on /v1, /v2, /inference, /cohere "
+                f"({len(server.api_keys)} key(s))")
         if server.fault_plan.spec.enabled:
             log(f"Fault injection: {opts.faults}")
         if opts.ready_file:

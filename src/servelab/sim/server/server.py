@@ -26,6 +26,7 @@ from aiohttp import web
 from servelab.core.errors import ServelabError
 from servelab.core.timeouts import SIM_READY_S, STOP_GRACE_S
 from servelab.sim.engine.balancer import make_engines
+from servelab.sim.server.auth import authentication, configured_keys
 from servelab.sim.server.faults import FaultPlan, parse_faults
 from servelab.sim.server.metrics import EngineMetrics, MetricsExporter, SimCollector
 from servelab.sim.server.openai_api import SIM, add_routes, count_http_requests
@@ -70,7 +71,7 @@ class SimServer:
                  instances: int = 1, output_divergence: float | None = None,
                  divergence_salt: str | None = None, guard_s: float = 0.001,
                  resync_after_s: float = 0.05, max_records: int = 200_000,
-                 dev_mode: bool | None = None, log=None):
+                 dev_mode: bool | None = None, api_keys=None, log=None):
         if output_divergence is not None and not 0.0 <= output_divergence < 1.0:
             raise ServelabError(f"--output-divergence: found {output_divergence}; allowed "
                                 "0 <= d < 1 (probability per output token)")
@@ -117,6 +118,8 @@ class SimServer:
         # vLLM serves its development endpoints (/reset_prefix_cache) only with
         # VLLM_SERVER_DEV_MODE=1; so does the simulator.
         self.dev_mode = server_dev_mode() if dev_mode is None else dev_mode
+        # vLLM's --api-key (or VLLM_API_KEY): 401 on its guarded routes without the key.
+        self.api_keys = configured_keys(api_keys, config.serve_args.ignored)
         self.log = log or (lambda line: None)
 
     # -- per request ---------------------------------------------------------------------------
@@ -194,7 +197,9 @@ class SimServer:
 
     # -- serving -------------------------------------------------------------------------------
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 << 20, middlewares=[count_http_requests])
+        check = authentication(self.api_keys)
+        middlewares = [count_http_requests] + ([check] if check else [])
+        app = web.Application(client_max_size=64 << 20, middlewares=middlewares)
         app[SIM] = self
         add_routes(app)
         return app

@@ -1,4 +1,4 @@
-"""Server kinds: one adapter module per LLM server framework (``vllm`` now).
+"""Server kinds: one adapter module per LLM server framework (``vllm``, ``sglang``).
 
 A variant names its kind (``server: vllm``, the default); everything that starts, generates,
 checks or reads a server asks ``server_kind(variant.server)``. Adding a framework: write its
@@ -14,9 +14,10 @@ from servelab.specs.server_kinds.kind import (
     ServerFacts,
     ServerKind,
 )
+from servelab.specs.server_kinds.sglang import SGLANG
 from servelab.specs.server_kinds.vllm import VLLM
 
-KINDS: dict[str, ServerKind] = {VLLM.name: VLLM}
+KINDS: dict[str, ServerKind] = {VLLM.name: VLLM, SGLANG.name: SGLANG}
 DEFAULT_KIND = VLLM.name
 
 
@@ -27,5 +28,5 @@ def server_kind(name: str = DEFAULT_KIND) -> ServerKind:
         raise ServelabError(f"unknown server kind {name!r}; known: {', '.join(KINDS)}") from None
 
 
-__all__ = ["DEFAULT_KIND", "FLAG_CONCEPTS", "KINDS", "LinearPath", "SPECULATIVE_METHODS",
+__all__ = ["DEFAULT_KIND", "FLAG_CONCEPTS", "KINDS", "LinearPath", "SGLANG", "SPECULATIVE_METHODS",
            "ServerFacts", "ServerKind", "VLLM", "server_kind"]

@@ -1,4 +1,4 @@
-"""What servelab needs to know about one kind of LLM server (vLLM now; SGLang next).
+"""What servelab needs to know about one kind of LLM server (vLLM, SGLang).
 
 A ``ServerKind`` is plain data plus the few functions that differ between frameworks: how its
 command line is spelled, which flags carry the settings servelab reasons about, how its start-up
@@ -39,10 +39,15 @@ class ServerFacts:
     available_kv_gib: float | None = None
     model_weights_gib: float | None = None
     max_num_batched_tokens: int | None = None
-    errors: list[str] = field(default_factory=list)
+    kv_cache_dtype: str | None = None        # SGLang's KV pool line ("torch.bfloat16")
+    attention_backend: str | None = None     # SGLang's resolved server_args
+    startup_complete: bool = False           # the log reached the kind's "ready" line
+    errors: list[str] = field(default_factory=list)           # before start-up completed
+    runtime_errors: list[str] = field(default_factory=list)   # while serving (not shutdown)
     # from /metrics
     metrics_seen: bool = False
-    cache_config: dict | None = None
+    cache_config: dict | None = None              # the first engine's vllm:cache_config_info
+    cache_configs: list[dict] = field(default_factory=list)   # one per engine (DP)
     engines: list[str] = field(default_factory=list)
     spec_decode_metrics: bool = False
     metric_model_name: str | None = None
@@ -60,6 +65,13 @@ class LinearPath:
 
 
 HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+# A local model folder as `vllm serve` takes it: absolute, ./ ../ or ~ relative.
+MODEL_PATH_RE = re.compile(r"^(?:/|\./|\.\./|~/?)\S*$")
+
+
+def is_model_ref(text) -> bool:
+    """An HF id (``org/name``) or a local folder path, the two forms a server's model takes."""
+    return isinstance(text, str) and bool(HF_ID_RE.match(text) or MODEL_PATH_RE.match(text))
 
 # Claims name speculative methods in vLLM's words; another kind's adapter maps its own onto these.
 SPECULATIVE_METHODS = ("ngram", "draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "mtp",
@@ -93,6 +105,15 @@ class ServerKind:
     parse_metrics: Callable          # (text, ServerFacts) -> ServerFacts
     linear_path: Callable            # (ServerFacts) -> LinearPath
     speculative: Callable            # (flag map) -> {"method", "num_speculative_tokens"} | None
+    # Flags servelab always passes (SGLang serves /metrics only with --enable-metrics).
+    required_args: tuple[str, ...] = ()
+    # Compose sets the service's entrypoint to image_entrypoint (an image without one, SGLang's).
+    compose_entrypoint: bool = False
+    # (serve_args, GPU memory MiB or None) -> the same settings in vLLM's spelling, which the
+    # memory plan (specs.engine_config) reads; None: serve_args already are.
+    engine_args: Callable | None = None
+    # The KV pool is a share of the memory free at start (SGLang), not of the GPU's total (vLLM).
+    memory_from_free: bool = False
 
     def __post_init__(self) -> None:
         missing = [c for c in FLAG_CONCEPTS if c not in self.flags]
@@ -108,11 +129,18 @@ class ServerKind:
         """Everything after ``command``: the model, the variant's arguments, where to listen."""
         args = [model] if self.model_positional else [self.flags["model"], model]
         args += list(serve_args)
+        args += [flag for flag in self.required_args if flag not in args]
         if host is not None:
             args += [self.flags["host"], host]
         if port is not None:
             args += [self.flags["port"], str(port)]
         return args
+
+    def engine_serve_args(self, serve_args, gpu_memory_mib: float | None = None) -> list[str]:
+        """The variant's arguments as the memory plan and the simulator read them (vLLM's)."""
+        if self.engine_args is None:
+            return list(serve_args)
+        return self.engine_args(list(serve_args), gpu_memory_mib)
 
     def container_command(self, model: str, serve_args, port: int) -> list[str]:
         """The Compose ``command``: what follows the image's own entrypoint."""

@@ -9,7 +9,7 @@ import json
 
 from servelab.specs.serve_args import FLAG_ALIASES
 from servelab.specs.server_kinds import vllm_log
-from servelab.specs.server_kinds.kind import HF_ID_RE, SPECULATIVE_METHODS, ServerKind
+from servelab.specs.server_kinds.kind import SPECULATIVE_METHODS, ServerKind, is_model_ref
 
 # vLLM's --quantization choices that servelab knows how to reason about; others are refused so a
 # typo does not silently serve the unquantized model.
@@ -78,9 +78,9 @@ def _check_speculative(spec, at: tuple, problem) -> None:
     k = config.get("num_speculative_tokens")
     if not isinstance(k, int) or isinstance(k, bool) or k < 1:
         problem(at, k, "num_speculative_tokens >= 1")
-    if config.get("method") == "draft_model" and not (
-            isinstance(config.get("model"), str) and HF_ID_RE.match(config["model"])):
-        problem(at, config.get("model"), "a draft model's Hugging Face id under \"model\"")
+    if config.get("method") == "draft_model" and not is_model_ref(config.get("model")):
+        problem(at, config.get("model"), "a draft model's Hugging Face id or local folder "
+                "under \"model\"")
 
 
 def speculative(args: dict) -> dict | None:
@@ -103,7 +103,8 @@ VLLM = ServerKind(
            "data_parallel_size": "--data-parallel-size", "quantization": "--quantization",
            "max_model_len": "--max-model-len", "memory_utilization": "--gpu-memory-utilization",
            "speculative_config": "--speculative-config"},
-    flag_aliases=FLAG_ALIASES, model_positional=True, memory_utilization_default=0.9,
+    flag_aliases=FLAG_ALIASES, model_positional=True,
+    memory_utilization_default=0.92,  # vLLM 0.26 (captured log); serve_args.ServeArgs agrees
     memory_refusal="free memory on device is less than desired GPU memory utilization",
     metrics=vllm_log.METRICS, check_args=check_args, parse_log=vllm_log.parse_log,
     parse_metrics=vllm_log.parse_metrics, linear_path=vllm_log.linear_path,

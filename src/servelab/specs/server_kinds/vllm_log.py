@@ -51,8 +51,13 @@ _LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
 _CHUNKED = re.compile(r"max_num_batched_tokens=(\d+)")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 _SPEC_OBJ = re.compile(r"SpeculativeConfig\((.*?)\)")
-_ERROR = re.compile(r"\b((?:ValueError|RuntimeError|torch\.OutOfMemoryError|"
-                    r"torch\.cuda\.OutOfMemoryError|AssertionError): .*)$")
+# A traceback's last line: the exception (any *Error or *Exception: ModuleNotFoundError,
+# ValueError, torch.OutOfMemoryError ...) at the start of the message, not quoted inside a warning.
+_ERROR = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception): .*)$")
+# vLLM's wrapper around a dead engine core; the root cause is logged before it.
+_WRAPPER = ("Engine core initialization failed", "See root cause above")
+# Data-parallel engine cores log as (EngineCore_DP0 pid=...), each its own config line.
+_DP_RANK = re.compile(r"^\(EngineCore_(?:DP)?(\d+)\b")
 _PREFIX = re.compile(r"^(?:\(\w+(?: rank=\d+)? pid=\d+\)\s*)?"
                      r"(?:(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:]+(?:\.\d+)? "
                      r"\[[^\]]*\]\s*)?")
@@ -64,10 +69,15 @@ def _message(line: str) -> str:
 
 def parse_log(text: str, facts: ServerFacts | None = None) -> ServerFacts:
     facts = facts or ServerFacts()
+    dp_ranks: set[str] = set()
+    dp_seen: list[int] = []
+    started = stopping = False   # errors after start-up are not why a start failed
     for raw in text.splitlines():
         msg = _message(raw)
         if not msg:
             continue
+        if m := _DP_RANK.match(raw):
+            dp_ranks.add(m.group(1))
         if m := _KERNEL.search(msg):
             entry = f"{m.group(1)} for {m.group(2).strip()}"
             if entry not in facts.kernels:
@@ -85,8 +95,12 @@ def parse_log(text: str, facts: ServerFacts | None = None) -> ServerFacts:
         if m := _ENGINE.search(msg):
             facts.vllm_version = m.group(1)
             _engine_config(m.group(2), facts)
+            if facts.data_parallel_size is not None:
+                dp_seen.append(facts.data_parallel_size)
         if m := _NON_DEFAULT.search(msg):
             _non_default_args(m.group(1), facts)
+            if facts.data_parallel_size is not None:
+                dp_seen.append(facts.data_parallel_size)
         if m := _KV_TOKENS.search(msg):
             facts.kv_cache_tokens = int(m.group(1).replace(",", ""))
         if m := _MAX_CONC.search(msg):
@@ -98,9 +112,20 @@ def parse_log(text: str, facts: ServerFacts | None = None) -> ServerFacts:
             facts.model_weights_gib = float(m.group(1))
         if "Chunked prefill is enabled" in msg and (m := _CHUNKED.search(msg)):
             facts.max_num_batched_tokens = int(m.group(1))
-        if m := _ERROR.search(msg):
-            if m.group(1) not in facts.errors:
-                facts.errors.append(m.group(1))
+        if "Application startup complete" in msg:
+            started = True
+        if "[shutdown]" in msg:
+            stopping = True  # vLLM 0.26 aborts its engine on SIGTERM and logs EngineDeadError
+        if (m := _ERROR.search(msg)) and not stopping:
+            found = facts.runtime_errors if started else facts.errors
+            if m.group(1) not in found:
+                found.append(m.group(1))
+    # Each DP engine prints data_parallel_size=1 in its own config line; the deployment's size is
+    # the API server's argument or the number of engine ranks, whichever is larger.
+    if dp_seen or len(dp_ranks) > 1:
+        facts.data_parallel_size = max(dp_seen + [len(dp_ranks)])
+    # The root cause first: vLLM's "Engine core initialization failed" only wraps it.
+    facts.errors.sort(key=lambda e: any(w in e for w in _WRAPPER))
     return facts
 
 
@@ -177,7 +202,9 @@ def parse_metrics(text: str, facts: ServerFacts | None = None) -> ServerFacts:
             if "engine" in sample.labels:
                 engines.add(sample.labels["engine"])
             if sample.name.startswith(METRICS["cache_config"]):
-                facts.cache_config = dict(sample.labels)
+                # One per engine on a data-parallel server; the first describes each engine.
+                facts.cache_configs.append(dict(sample.labels))
+                facts.cache_config = facts.cache_config or dict(sample.labels)
             if sample.name.startswith(METRICS["spec_drafts"].removesuffix("_total")):
                 facts.spec_decode_metrics = True
             if "model_name" in sample.labels and facts.metric_model_name is None:

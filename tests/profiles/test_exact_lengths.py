@@ -1,0 +1,108 @@
+"""Planned prompt tokens = the tokens the server counts, for completions and chat.
+
+Against a real vLLM 0.26 server every prompt planned at 1,024 tokens arrived as 1,022: its
+tokenizer (Qwen's pre-tokenizer regex) keeps punctuation and a following newline together, so
+``:\\n`` is one token, and the request tag's words were measured against ``head + "\\n"``, making
+each of the tag's three words look two tokens long. Reproduced here with a real ``tokenizers``
+tokenizer: servelab's own, given Qwen2's pre-tokenizer and a ``:`` + ``\\n`` merge."""
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from servelab.core.paths import DATA_DIR
+from servelab.profiles import load_profile
+from servelab.profiles.planner import RequestPlanner
+from servelab.profiles.prompts import PromptBuilder
+from servelab.profiles.tokens import TokenizerCounter
+
+# Qwen2's tokenizer.json pre-tokenizer (the regex of Qwen2.5's tokenizer, and of the tokenizer the
+# device kit trained for the captured runs: servers/captured/README.md).
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PROFILE = """name: exact
+description: fixed and varied lengths, shared prefixes
+endpoint: {endpoint}
+model: auto
+seed: 11
+classes:
+  - name: fixed
+    prompt_tokens: {{kind: fixed, value: 1024}}
+    output_tokens: {{kind: fixed, value: 2}}
+  - name: varied
+    prompt_tokens: {{kind: uniform, min: 40, max: 1500}}  # above template + tag
+    output_tokens: {{kind: fixed, value: 2}}
+  - name: shared
+    prefix_tokens: 200
+    prefix_groups: 3
+    prompt_tokens: {{kind: uniform, min: 30, max: 400}}  # above prefix + tag: reachable
+    output_tokens: {{kind: fixed, value: 2}}
+load:
+  concurrency: {{levels: [64], warmup: 0s, hold: {hold}}}
+"""
+
+
+def qwen_style_tokenizer(path: Path) -> Path:
+    data = json.loads((DATA_DIR / "tokenizer.json").read_text())
+    data["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": QWEN2_SPLIT}, "behavior": "Isolated",
+         "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+         "use_regex": False}]}
+    vocab = data["model"]["vocab"]
+    vocab[":Ċ"] = max(max(vocab.values()), *(t["id"] for t in data["added_tokens"])) + 1
+    merges = data["model"]["merges"]
+    merges.append([":", "Ċ"] if isinstance(merges[0], list) else ": Ċ")
+    path.write_text(json.dumps(data))
+    return path
+
+
+class RoundTripCounter(TokenizerCounter):
+    """The local tokenizer, taken down the server counter's path (``fast`` False: piece sums,
+    tag words measured once), which is the path a real server's /tokenize takes."""
+    fast = False
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_piece_sums_equal_whole_counts_with_a_qwen_style_tokenizer(tmp_path, endpoint):
+    counter = RoundTripCounter(qwen_style_tokenizer(tmp_path / "tokenizer.json"))
+    assert counter._tok.encode("Request ab12:\n", add_special_tokens=False).tokens[-1] == ":Ċ"
+    path = tmp_path / "p.yaml"
+    path.write_text(PROFILE.format(endpoint=endpoint, hold="5s"))
+    profile = load_profile(path)
+    builder = PromptBuilder(profile, counter, salt="a1b2c3")
+    builder._verify_left = 0  # the piece sums alone, no whole-prompt safety net
+    off = []
+    for session in itertools.islice(RequestPlanner(profile).sessions(), 1000):
+        for req in session:
+            built = builder.build(req)
+            whole = (counter.count_chat(built.messages) if endpoint == "chat"
+                     else counter.count(built.prompt))
+            if whole != req.prompt_tokens:
+                off.append((req.index, req.prompt_tokens, whole))
+    assert off == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_a_real_run_against_the_simulator_is_exact_on_1000_requests(tmp_path, endpoint):
+    """`servelab run` against the simulator (its /tokenize: the server counter), every stored row:
+    planned prompt_tokens_target == the server's usage prompt_tokens."""
+    import duckdb
+
+    from servelab.orchestration.runner import RunOptions, run_profile
+
+    path = tmp_path / "p.yaml"
+    path.write_text(PROFILE.format(endpoint=endpoint, hold="14s"))
+    result = run_profile(RunOptions(profile=path, db=tmp_path / "r.duckdb", quiet=True,
+                                    hardware="H200", run_id=f"exact-{endpoint}"))
+    assert result.status == "completed"
+    con = duckdb.connect(str(result.db), read_only=True)
+    rows = con.execute("SELECT count(*), count(*) FILTER (WHERE prompt_tokens IS DISTINCT FROM "
+                       "prompt_tokens_target), any_value(token_source) FROM requests "
+                       "WHERE error_kind IS NULL").fetchone()
+    con.close()
+    assert rows[0] >= 1000 and rows[1] == 0, rows
