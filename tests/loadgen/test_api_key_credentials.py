@@ -111,3 +111,24 @@ def test_refusals_name_the_flag_and_show_no_secret(tmp_path):
     assert "pw-x-secret" not in res.stderr + res.stdout and "Traceback" not in res.stderr
     res = servelab(*base, "--target", "http://127.0.0.1:9", "--header", "X-Bad header-value")
     assert res.returncode == 2 and "--header" in res.stderr and "header-value" not in res.stderr
+
+
+def test_a_key_the_server_echoes_in_its_error_body_is_not_stored():
+    """A server (or proxy) that puts the Authorization header in its error body must not make
+    the key land in requests.error_text."""
+    from servelab.core import credentials
+    from servelab.loadgen.client import request
+    from servelab.loadgen.client.stream import StreamState
+
+    key = "sk-echoed-secret-1234"
+    _, creds = credentials.build(api_key=key, environ={})
+    credentials.install(creds)
+    try:
+        state = StreamState()
+        state.error_kind = "http_401"
+        state.error_text = f'{{"error": "bad header Authorization: Bearer {key}"}}'
+        spec = request.RequestSpec.__new__(request.RequestSpec)
+        row = request._measured(state, spec, 401, 1.0, 1.1)
+        assert key not in row.error_text and "***" in row.error_text
+    finally:
+        credentials.install(None)

@@ -16,6 +16,7 @@ import orjson
 from gevent import monkey
 from geventhttpclient.connectionpool import ConnectionPool
 
+from servelab.core import credentials
 from servelab.loadgen.client.clock import to_unix
 from servelab.loadgen.client.chunks import count_value
 from servelab.loadgen.client.stream import StreamState, read_stream
@@ -195,7 +196,8 @@ def _measured(state: StreamState, spec: RequestSpec, status: int, t_sent: float,
     out.response_id = state.response_id
     out.finish_reason = state.finish_reason
     out.error_kind = state.error_kind
-    out.error_text = state.error_text
+    # A server may echo the key back in its error body; nothing servelab stores may hold it.
+    out.error_text = credentials.current().redact(state.error_text) if state.error_text else None
     quality = list(state.quality) if state.quality else []
     if stamps:
         out.first_token_unix = to_unix(stamps[0])
