@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
@@ -117,3 +118,32 @@ def run_script(script: Path, *args: str, timeout: float = 60) -> str:
 
 def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def wait_for(pred, timeout: float, what: str):
+    """The first truthy value of ``pred()`` within ``timeout`` seconds, else a failed test."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def chat_profile(name: str, description: str, prompt: tuple[int, int],
+                 output: tuple[int, int], users: int, hold: str, seed: int = 5) -> str:
+    """A one-class, one-level closed-loop chat profile (the YAML text) for a short test run."""
+    return f"""\
+name: {name}
+description: {description}
+endpoint: chat
+model: auto
+seed: {seed}
+classes:
+  - name: chat
+    prompt_tokens: {{kind: uniform, min: {prompt[0]}, max: {prompt[1]}}}
+    output_tokens: {{kind: uniform, min: {output[0]}, max: {output[1]}}}
+load:
+  concurrency: {{levels: [{users}], warmup: 0s, hold: {hold}}}
+"""

@@ -10,24 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from loadgen_helpers import ROOT, _env, query, sim, sim_requests
+from loadgen_helpers import ROOT, _env, chat_profile, query, sim, sim_requests
 
 KEY = "sk-servelab-grep-7f3a9c1e5b"
 HEADER_SECRET = "hdr-secret-42d8e61"
 PASSWORD = "pw-secret-9b1c77"
-PROFILE = """\
-name: keyed
-description: A short closed loop against a server that asks for an API key.
-endpoint: chat
-model: auto
-seed: 3
-classes:
-  - name: chat
-    prompt_tokens: {kind: uniform, min: 20, max: 40}
-    output_tokens: {kind: uniform, min: 8, max: 16}
-load:
-  concurrency: {levels: [2], warmup: 0s, hold: 2s}
-"""
+PROFILE = chat_profile("keyed",
+                       "A short closed loop against a server that asks for an API key.",
+                       (20, 40), (8, 16), 2, "2s", seed=3)
 
 
 def _cmdlines() -> list[str]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadgen_helpers import dicts, query, servelab
+from loadgen_helpers import chat_profile, dicts, query, servelab
 from servelab.commands.run import (EXIT_ERROR_RATE, EXIT_FLAGGED, EXIT_NOT_COMPLETED, EXIT_OK,
                                    exit_code)
 from servelab.loadgen.backoff import BACKOFF_MAX_S, backoff_s, backs_off
@@ -126,19 +126,9 @@ def test_a_file_held_by_a_live_master_is_left_alone(tmp_path):
     assert query(db, "SELECT status FROM runs")[0][0] == "running"
 
 
-FAILING = """\
-name: failing_server
-description: One closed-loop user against a server that answers every request with HTTP 500.
-endpoint: chat
-model: auto
-seed: 3
-classes:
-  - name: chat
-    prompt_tokens: {kind: uniform, min: 20, max: 40}
-    output_tokens: {kind: uniform, min: 10, max: 20}
-load:
-  concurrency: {levels: [1], warmup: 0s, hold: 6s}
-"""
+FAILING = chat_profile("failing_server",
+                       "One closed-loop user against a server that answers every request with HTTP 500.",
+                       (20, 40), (10, 20), 1, "6s", seed=3)
 
 
 @pytest.mark.slow

@@ -6,12 +6,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from loadgen_helpers import ROOT, dicts, json_lines, query, run_script, sim
+from loadgen_helpers import (ROOT, chat_profile, dicts, json_lines, query, run_script, sim,
+                             wait_for)
 from servelab.core import procs
 from servelab.store import runs
 from servelab.store.db import Store, open_db
@@ -19,19 +19,9 @@ from servelab.store.rows import HealthRow, RunRow, StageRow
 
 pytestmark = pytest.mark.slow
 
-ONE_USER = """\
-name: one_user
-description: One closed-loop user, the lightest run there is.
-endpoint: chat
-model: auto
-seed: 5
-classes:
-  - name: chat
-    prompt_tokens: {kind: uniform, min: 20, max: 40}
-    output_tokens: {kind: uniform, min: 20, max: 40}
-load:
-  concurrency: {levels: [1], warmup: 0s, hold: 9s}
-"""
+ONE_USER = chat_profile("one_user",
+                       "One closed-loop user, the lightest run there is.",
+                       (20, 40), (20, 40), 1, "9s")
 HOG_S = 8.0
 # A spinning loop per hog: two per core keep every core's run queue longer than one.
 HOG = ("import sys, time\nend = time.time() + float(sys.argv[1])\n"
@@ -69,14 +59,6 @@ monitor.stop()
 """
 
 
-def _wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _lowest_priority(pid: int) -> None:
@@ -117,7 +99,7 @@ def test_cpu_hogs_beside_a_one_user_run_flag_host_busy(tmp_path):
                     return None
                 return data if data and data.get("produced", 0) >= 1 else None
 
-            _wait_for(producing, 90, "the run's first row")
+            wait_for(producing, 90, "the run's first row")
             _lowest_priority(run.proc.pid)
             hogs = [subprocess.Popen([sys.executable, "-c", HOG, str(HOG_S)])
                     for _ in range(2 * (os.cpu_count() or 1))]

@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 
 from hostile_server import EXPECTED
-from loadgen_helpers import HERE, json_lines, run_script, server
+from loadgen_helpers import HERE, chat_profile, json_lines, run_script, server
 
 TIMEOUTS = {"first_token_s": 0.6, "between_chunks_s": 0.4, "total_s": 8.0}
 SLOW = {"slowloris_head", "slowloris_body", "stall_after_content"}
@@ -70,18 +70,9 @@ def test_timing_behaviours_and_ten_repeats(tmp_path):
     run_behaviours(tmp_path, FAST, repeat=10)
 
 
-PROFILE = """name: hostile
-description: A short closed loop against the hostile-server kit.
-endpoint: chat
-model: auto
-seed: 5
-classes:
-  - name: chat
-    prompt_tokens: {kind: uniform, min: 10, max: 20}
-    output_tokens: {kind: uniform, min: 4, max: 8}
-load:
-  concurrency: {levels: [4], warmup: 0s, hold: 1s}
-"""
+PROFILE = chat_profile("hostile",
+                       "A short closed loop against the hostile-server kit.",
+                       (10, 20), (4, 8), 4, "1s")
 # through `servelab run`: the worker, the spool, the master's writer, the database
 RUN_BEHAVIOURS = ["spaced_json", "usage_completion_3e9", "chunk_count_over_int64",
                   "zero_content_chunks", "bad_chunk_size_with_head", "stray_bytes_keepalive",

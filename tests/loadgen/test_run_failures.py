@@ -4,25 +4,16 @@ import json
 import os
 import signal
 import socket
-import time
 
 import duckdb
 import pytest
 
 from loadgen_helpers import (PROFILES, ROOT, calibration, dicts, query, servelab, sim,
-                             start_servelab)
+                             start_servelab, wait_for)
 from servelab.core.procs import free_port
 from servelab.store.spool import read_spool
 
 
-def _wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.slow
@@ -44,7 +35,7 @@ def test_worker_killed_mid_run_is_accounted_exactly(tmp_path):
             return data if data and all(w["produced"] >= 4 for w in
                                         data["workers"].values()) else None
 
-        st = _wait_for(status, 60, "both workers producing rows")
+        st = wait_for(status, 60, "both workers producing rows")
         meta = json.loads((spool_root / st["run_id"] / "w1" / "meta.json").read_text())
         os.kill(meta["pid"], signal.SIGKILL)
         assert proc.wait(timeout=120) == 4   # the run completed; the loss is flagged (exit 4)

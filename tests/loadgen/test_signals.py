@@ -14,32 +14,15 @@ import time
 import psutil
 import pytest
 
-from loadgen_helpers import dicts, query, servelab, sim, sim_requests, start_servelab
+from loadgen_helpers import (chat_profile, dicts, query, servelab, sim, sim_requests,
+                             start_servelab, wait_for)
 
 REPEATS = int(os.environ.get("SERVELAB_SIGNAL_REPEATS", "1"))
-PROFILE = """\
-name: long_for_signals
-description: A closed-loop run long enough to stop one of its processes in the middle.
-endpoint: chat
-model: auto
-seed: 5
-classes:
-  - name: chat
-    prompt_tokens: {kind: uniform, min: 20, max: 60}
-    output_tokens: {kind: uniform, min: 30, max: 80}
-load:
-  concurrency: {levels: [6], warmup: 0s, hold: 60s}
-"""
+PROFILE = chat_profile("long_for_signals",
+                       "A closed-loop run long enough to stop one of its processes in the middle.",
+                       (20, 60), (30, 80), 6, "60s")
 
 
-def _wait_for(pred, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _status(db):
@@ -88,7 +71,7 @@ def _stop_mid_run(tmp_path, role, sig, workers):
                               "--workers", str(workers), "--db", str(db), "--spool-dir", str(spool_root),
                               "--drain-timeout", "10", "--quiet", log=tmp_path / "run.log")
         try:
-            st = _wait_for(lambda: _status(db) or (not proc.alive() and
+            st = wait_for(lambda: _status(db) or (not proc.alive() and
                                                     AssertionError((tmp_path / "run.log")
                                                                    .read_text()[-3000:])),
                            90, "rows flowing")
@@ -107,7 +90,7 @@ def _stop_mid_run(tmp_path, role, sig, workers):
             code = proc.wait(timeout=150)
             # a SIGKILLed `servelab run` cleans up nothing: its children are told by the kernel
             # (parent-death signal) and end the run themselves
-            _wait_for(lambda: not _alive(tree), 60, "every child of servelab run to exit")
+            wait_for(lambda: not _alive(tree), 60, "every child of servelab run to exit")
             took = time.monotonic() - t0
         finally:
             proc.stop(5)

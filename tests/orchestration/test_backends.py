@@ -47,21 +47,9 @@ def test_a_server_that_cannot_start_reports_its_error(tmp_path):
     assert "CUDA out of memory" in str(err.value)
 
 
-def test_local_backend_runs_vllm_serve_with_the_variant_arguments(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+def test_local_backend_runs_vllm_serve_with_the_variant_arguments(tmp_path, stand_in):
     argv_file = tmp_path / "argv.txt"
-    fake = bin_dir / "vllm"
-    fake.write_text(f"""#!/bin/sh
-# A stand-in for `vllm serve MODEL ARGS...`: records its arguments, then serves the simulator.
-printf '%s\\n' "$@" > {argv_file}
-[ "$1" = serve ] || exit 64
-shift
-model="$1"; shift
-exec {sys.executable} -m servelab.commands.sim --model "$model" --hardware L40S "$@"
-""")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    stand_in("vllm", stand_in.vllm_to_sim, argv_file)
     variant = load_variant("spec_ngram", environ={})
     server = backends.start_server("local", variant, tmp_path)
     try:

@@ -4,10 +4,7 @@ model name is the path, as `vllm serve /path` names it."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import stat
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -117,19 +114,8 @@ def test_the_simulator_serves_a_folder_under_its_path_and_verify_holds(tmp_path,
 
 
 @pytest.mark.slow
-def test_matrix_backend_local_and_sim_on_a_folder(tmp_path, folder, monkeypatch, cli):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "vllm"
-    fake.write_text(f"""#!/bin/sh
-# A stand-in for `vllm serve MODEL ARGS...`: hands vLLM's arguments to the simulator.
-[ "$1" = serve ] || exit 64
-shift
-model="$1"; shift
-exec {sys.executable} -m servelab.commands.sim --model "$model" --hardware L40S "$@"
-""")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+def test_matrix_backend_local_and_sim_on_a_folder(tmp_path, folder, stand_in, cli):
+    stand_in("vllm", stand_in.vllm_to_sim)
     variant = _variant_file(tmp_path, str(folder))
     for backend in ("local", "sim"):
         db = tmp_path / f"{backend}.duckdb"

@@ -4,8 +4,6 @@ runs data/sglang/standin_server.py (SGLang's routes, its WRITTEN log and /metric
 services of the SGLang variants."""
 from __future__ import annotations
 
-import os
-import stat
 import sys
 import urllib.request
 from pathlib import Path
@@ -17,19 +15,12 @@ from servelab.specs.variants import load_variant
 STANDIN = Path(__file__).parent / "data" / "sglang" / "standin_server.py"
 
 
-def test_local_backend_runs_sglangs_launch_server(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
+def test_local_backend_runs_sglangs_launch_server(tmp_path, stand_in):
     argv_file = tmp_path / "argv.txt"
-    fake = bin_dir / "python3"
-    fake.write_text(f"""#!/bin/sh
-printf '%s\\n' "$@" > {argv_file}
-[ "$1" = -m ] && [ "$2" = sglang.launch_server ] || exit 64
+    stand_in("python3", f"""[ "$1" = -m ] && [ "$2" = sglang.launch_server ] || exit 64
 shift 2
 exec {sys.executable} {STANDIN} "$@"
-""")
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+""", argv_file)
     variant = load_variant("sglang_bf16", environ={})
     server = backends.start_server("local", variant, tmp_path)
     try:

@@ -14,17 +14,8 @@ from servelab.core import yamlsource
 from servelab.profiles import ProfileError, load_profile
 from servelab.profiles.limits import MAX_PLANNED_REQUESTS, MAX_TOKENS
 from servelab.profiles.planner import RequestPlanner
+from test_validation import GOOD  # the same minimal valid profile the validation tests start from
 
-GOOD = """
-name: t
-description: a test profile
-classes:
-  - name: chat
-    prompt_tokens: {kind: normal, mean: 300, stdev: 50}
-    output_tokens: 64
-load:
-  concurrency: {levels: [1, 2], hold: 5}
-"""
 # 9 x 9 x ... "lol"s: 260 bytes that PyYAML would expand to 9**6 = 531,441 strings (one more
 # line is 4.8 million; the issue's 295-byte file took 7.7 s and 1.1 GB).
 LAUGHS = ('a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'

@@ -110,6 +110,21 @@ def fmt(v, d=1):
     return "-" if v is None else f"{v:,.{d}f}"
 
 
+
+SERVER_KEYS = ("requests", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms", "itl_p99_ms",
+               "ttft_mean_ms", "tpot_mean_ms", "itl_mean_ms")
+
+
+def server_md(conc, label, s) -> str:
+    """One table row of vLLM's own histograms (/metrics) over a window."""
+    return (f"| {conc} | {label} | {s['requests']:.0f} | {fmt(s['ttft_p50_ms'])} (mean {fmt(s['ttft_mean_ms'])}) | "
+            f"{fmt(s['ttft_p99_ms'])} | {fmt(s['tpot_p50_ms'], 2)} (mean {fmt(s['tpot_mean_ms'], 2)}) | "
+            f"{fmt(s['itl_p50_ms'], 2)} (mean {fmt(s['itl_mean_ms'], 2)}) | {fmt(s['itl_p99_ms'], 2)} | - |")
+
+
+def server_csv(v, conc, source, s) -> dict:
+    return {"variant": v, "level": conc, "source": source, **{k: s.get(k) for k in SERVER_KEYS}}
+
 def main():
     out_csv = []
     md = []
@@ -140,34 +155,24 @@ def main():
                       f"{fmt(j['p99_ttft_ms'])} | {fmt(j['p50_tpot_ms'], 2)} | {fmt(j['p50_itl_ms'], 2)} | "
                       f"{fmt(j['p99_itl_ms'], 2)} | {fmt(j['output_throughput'])} |")
             s = srv_bench[lv]
-            md.append(f"| {conc} | server /metrics during that bench level | {s['requests']:.0f} | {fmt(s['ttft_p50_ms'])} (mean {fmt(s['ttft_mean_ms'])}) | "
-                      f"{fmt(s['ttft_p99_ms'])} | {fmt(s['tpot_p50_ms'], 2)} (mean {fmt(s['tpot_mean_ms'], 2)}) | "
-                      f"{fmt(s['itl_p50_ms'], 2)} (mean {fmt(s['itl_mean_ms'], 2)}) | {fmt(s['itl_p99_ms'], 2)} | - |")
+            md.append(server_md(conc, "server /metrics during that bench level", s))
             out_csv.append({"variant": v, "level": conc, "source": "vllm_bench_client", "requests": j["completed"],
                             "ttft_p50_ms": j["p50_ttft_ms"], "ttft_p99_ms": j["p99_ttft_ms"],
                             "tpot_p50_ms": j["p50_tpot_ms"], "itl_p50_ms": j["p50_itl_ms"], "itl_p99_ms": j["p99_itl_ms"],
                             "output_tokens_per_s": j["output_throughput"], "ttft_mean_ms": j["mean_ttft_ms"],
                             "tpot_mean_ms": j["mean_tpot_ms"], "itl_mean_ms": j["mean_itl_ms"]})
-            out_csv.append({"variant": v, "level": conc, "source": "server_hist_during_bench_level",
-                            **{k: s.get(k) for k in ("requests", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
-                                                     "itl_p50_ms", "itl_p99_ms", "ttft_mean_ms", "tpot_mean_ms",
-                                                     "itl_mean_ms")}})
+            out_csv.append(server_csv(v, conc, "server_hist_during_bench_level", s))
             if conc in sl:
                 r = sl[conc]
                 md.append(f"| {conc} | servelab (client, measured window) | {r['completed']} | {fmt(r['ttft_p50_ms'])} | "
                           f"{fmt(r['ttft_p99_ms'])} | {fmt(r['tpot_p50_ms'], 2)} | {fmt(r['itl_p50_ms'], 2)} | "
                           f"{fmt(r['itl_p99_ms'], 2)} | {fmt(r['output_tokens_per_s'])} |")
                 s = srv_sl[conc]
-                md.append(f"| {conc} | server /metrics during servelab's window | {s['requests']:.0f} | {fmt(s['ttft_p50_ms'])} (mean {fmt(s['ttft_mean_ms'])}) | "
-                          f"{fmt(s['ttft_p99_ms'])} | {fmt(s['tpot_p50_ms'], 2)} (mean {fmt(s['tpot_mean_ms'], 2)}) | "
-                          f"{fmt(s['itl_p50_ms'], 2)} (mean {fmt(s['itl_mean_ms'], 2)}) | {fmt(s['itl_p99_ms'], 2)} | - |")
+                md.append(server_md(conc, "server /metrics during servelab's window", s))
                 out_csv.append({"variant": v, "level": conc, "source": "servelab_client", "requests": r["completed"],
                                 **{k: r[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms",
                                                      "itl_p99_ms", "output_tokens_per_s")}})
-                out_csv.append({"variant": v, "level": conc, "source": "server_hist_during_servelab_window",
-                                **{k: s.get(k) for k in ("requests", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
-                                                         "itl_p50_ms", "itl_p99_ms", "ttft_mean_ms", "tpot_mean_ms",
-                                                         "itl_mean_ms")}})
+                out_csv.append(server_csv(v, conc, "server_hist_during_servelab_window", s))
         # totals over the whole server life (before -> after)
         tot = server_row(load(f"{C}/{v}/metrics_before.txt"), load(f"{C}/{v}/metrics_after.txt"))
         md.append(f"\nWhole server life ({v}, metrics_before.txt -> metrics_after.txt: warm-up + all bench levels "
