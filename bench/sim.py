@@ -212,17 +212,22 @@ def virtual(n_requests=2000):
     from servelab.sim.engine import build_engine_config, make_engines
     from servelab.sim.engine.virtual import VirtualRequest
     from servelab.sim.engine.virtual_users import run_closed_loop
+    from servelab.specs.engine_config import build_kind_engine_config
+    from servelab.specs.server_kinds import SGLANG
 
     print("\nVirtual time: the same engine without sleeping or sockets")
     print(f"{'setup':>34} {'users':>6} {'requests':>9} {'sim s':>8} {'CPU s':>7} "
           f"{'req/CPU s':>10} {'sim s/CPU s':>12}")
-    for hw, model, args, users in [
-        ("H100", "meta-llama/Llama-3.1-8B-Instruct", ["--max-model-len", "8192"], 64),
-        ("L40S", "Qwen/Qwen2.5-7B-Instruct", ["--max-model-len", "8192"], 16),
+    for hw, model, args, users, kind in [
+        ("H100", "meta-llama/Llama-3.1-8B-Instruct", ["--max-model-len", "8192"], 64, None),
+        ("L40S", "Qwen/Qwen2.5-7B-Instruct", ["--max-model-len", "8192"], 16, None),
         ("H100", "meta-llama/Llama-3.1-8B-Instruct",
-         ["--max-model-len", "8192", "--data-parallel-size", "2"], 128),
+         ["--max-model-len", "8192", "--data-parallel-size", "2"], 128, None),
+        # SGLang's scheduling and token-granular radix matching on the first row's setup.
+        ("H100", "meta-llama/Llama-3.1-8B-Instruct", ["--context-length", "8192"], 64, SGLANG),
     ]:
-        config = build_engine_config(hw, model, args)
+        config = (build_engine_config(hw, model, args) if kind is None
+                  else build_kind_engine_config(hw, model, args, kind))
         engines = make_engines(config, seed=0)
         count = [0]
 
@@ -237,6 +242,8 @@ def virtual(n_requests=2000):
         cpu = time.process_time() - cpu0
         done = sum(1 for r in result.records if r.end_s is not None)
         label = f"{hw} {model.split('/')[1][:18]} dp{config.data_parallel_size}"
+        if kind is not None:
+            label = f"{hw} {model.split('/')[1][:11]} {kind.name}"
         print(f"{label:>34} {users:>6} {done:>9} {result.end_s:>8.1f} {cpu:>7.2f} "
               f"{done / cpu:>10.0f} {result.end_s / cpu:>12.1f}")
 

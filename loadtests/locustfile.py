@@ -2,10 +2,13 @@
 
     locust -f loadtests/locustfile.py --host http://127.0.0.1:8000 --profile traffic_profiles/chat.yaml
 
-The web UI's start form shows servelab's options (profile, variant, database, tags, timeouts).
-The profile's load plan drives the run through ``ProfileShape``; start Locust with
-``--class-picker`` and pick the "Default" shape to ramp ``LLMUser`` by hand instead. Every request
-lands as one row in the DuckDB file (``--db``); ``servelab run`` wraps all of this, with workers.
+The web UI (http://127.0.0.1:8089) has two modes, picked in the start form (or with ``--mode``):
+``plan`` runs the profile's load plan (``ProfileShape``; the form says what it is), ``manual``
+ramps ``LLMUser`` by hand (``ManualShape``: the users and ramp-up fields, changed while it runs
+with Edit; each level a stage). Its LLM tab charts TTFT, ITL, TPOT, tokens/s, goodput, errors and
+the server's state live; ``/servelab/api`` answers JSON (docs/api.md). Every request lands as one
+row in the DuckDB file (``--db``, never set from the form); ``servelab run`` wraps all of this,
+headless, with workers.
 The logic lives in ``servelab.loadgen``; this file only hands Locust its classes, and the master
 its way to open the database (with the analysis views installed, so the file is ready to query).
 """

@@ -1,5 +1,6 @@
-"""The locustfile under Locust's own web UI: servelab's options in the start form, the profile's
-shape started from the UI, the run recorded, and the database free again once it ended."""
+"""The locustfile under Locust's own web UI: servelab's options in the start form (the plan it
+runs described), the profile's shape started from the UI, the run recorded with the profile's
+stages, and the database free again once it ended."""
 import json
 import sys
 import time
@@ -27,9 +28,12 @@ def test_web_ui_start_form_and_run(tmp_path):
         try:
             proc.wait_http(base + "/", 30)
             page = urllib.request.urlopen(base + "/", timeout=2).read().decode()
-            for option in ("tag", "variant", "db", "timeout_first_token", "drain_timeout"):
+            for option in ("tag", "variant", "mode", "timeout_first_token", "drain_timeout"):
                 assert f'"{option}"' in page
-            assert '"run_id"' not in page and '"spool_dir"' not in page  # internal options
+            # internal options, and the database path (the command line's only)
+            for option in ("run_id", "spool_dir", "db", "header"):
+                assert f'"{option}"' not in page
+            assert "plan: 1 concurrency stage at 3 users" in page
             form = urllib.parse.urlencode({"user_count": 1, "spawn_rate": 1, "host": url,
                                            "profile": str(PROFILES / "sessions.yaml"),
                                            "tag": "via=ui"}).encode()
@@ -46,6 +50,9 @@ def test_web_ui_start_form_and_run(tmp_path):
             # the web UI process is still up, and the database is free to read
             (run,) = dicts(db, "SELECT * FROM runs")
             assert run["status"] == "completed" and run["tags"] == {"via": "ui"}
+            # the plan mode: the stages as the profile says, whatever the users fields said
+            stages = dicts(db, "SELECT kind, level FROM stages ORDER BY stage")
+            assert stages == [{"kind": "concurrency", "level": 3.0}]
             n = dicts(db, "SELECT count(*) AS n FROM requests")[0]["n"]
             assert n == entry["num_requests"] > 0
         finally:

@@ -70,15 +70,21 @@ def test_default_profile_starts_simulator_and_locust():
         assert svc["image"] == "servelab:local"
         assert svc["build"]["dockerfile"].endswith("docker/Dockerfile")
     master, worker = services["locust-master"], services["locust-worker"]
-    assert any(p["target"] == 8089 and p["published"] == "8089" for p in master["ports"])
+    assert [(p["host_ip"], p["published"], p["target"]) for p in master["ports"]] == [
+        ("127.0.0.1", "8089", 8089)]
     assert "--master" in master["command"] and "--worker" in worker["command"]
     assert master["depends_on"]["sim"]["condition"] == "service_healthy"
     # --scale locust-worker=N needs a worker without fixed names or host ports.
     assert "container_name" not in worker and "ports" not in worker
-    # The results volume holds the DuckDB file.
-    assert any(v["type"] == "volume" and v["source"] == "results" and v["target"] == "/results"
-               for v in master["volumes"])
+    # The DuckDB file is on the host, in ./results (a bind mount, not a volume only docker sees).
+    assert [(v["type"], v["source"], v["target"]) for v in master["volumes"]] == [
+        ("bind", str(REPO / "results"), "/results")]
     assert "/results/servelab.duckdb" in master["command"]
+    # Inside the container the UI and the worker port listen beyond loopback (the published UI
+    # port and the compose network reach them); 5557 is not published on the host.
+    assert master["environment"] == {"SERVELAB_MODE": "plan", "LOCUST_WEB_HOST": "0.0.0.0",
+                                     "LOCUST_MASTER_BIND_HOST": "0.0.0.0"}
+    assert services["sim"]["ports"][0]["host_ip"] == "127.0.0.1"
     assert "/health" in " ".join(services["sim"]["healthcheck"]["test"])
     assert "FROM python:3.11-slim" in (REPO / "docker/Dockerfile").read_text()
     assert "SERVELAB_HOME" in (REPO / "docker/Dockerfile").read_text()
@@ -114,18 +120,60 @@ def test_every_variant_profile(name):
         ids = [services[s]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
                for s in servers if s.startswith(f"{variant.server}-")]
         assert sorted(sum(ids, [])) == [str(i) for i in range(variant.gpus)]  # no GPU shared
+    if variant.pd is not None:
+        _check_pd_services(variant, services, servers)
+    elif variant.instances > 1:
         lb = services[compose.balancer_name(variant)]
         assert lb["image"].startswith("nginx:")
         conf = (REPO / f"docker/nginx/{variant.name}.conf").read_text()
         assert "least_conn;" in conf and "proxy_buffering off;" in conf
         for i in range(variant.instances):
             assert f"server {compose.service_name(variant, i)}:8000" in conf
+    # Nothing is published beyond the host's loopback by default.
+    assert {p["host_ip"] for svc in services.values() for p in svc.get("ports", [])} == {
+        "127.0.0.1"}
     loadgen = services[compose.loadgen_name(variant)]
+    assert [(v["type"], v["target"]) for v in loadgen["volumes"]] == [("bind", "/results")]
     entry = compose.entry_service(variant)
     assert list(loadgen["depends_on"]) == [entry]
     assert loadgen["depends_on"][entry]["condition"] == "service_healthy"
     assert f"http://{entry}:8000" in loadgen["command"]
     assert loadgen["command"][loadgen["command"].index("--variant") + 1] == variant.name
+
+
+def _check_pd_services(variant, services, servers):
+    """A PD variant: one vLLM service per role instance with the KV connector and its own NIXL
+    side-channel host, behind vLLM's toy proxy (mounted from docker/pd/) naming both roles."""
+    names = servers[:-1]
+    assert [n.rsplit("-", 2)[-2] for n in names] == (["prefill"] * variant.pd.prefill
+                                                     + ["decode"] * variant.pd.decode)
+    for name in names:
+        svc = services[name]
+        assert "--kv-transfer-config" in svc["command"]
+        assert svc["environment"]["VLLM_NIXL_SIDE_CHANNEL_HOST"] == name
+        assert "HF_TOKEN" in svc["environment"]  # the shared block's variables are kept
+    proxy = services[compose.balancer_name(variant)]
+    assert proxy["entrypoint"] == ["python3", "/opt/pd/toy_proxy_server.py"]
+    cmd = proxy["command"]
+    assert cmd[cmd.index("--prefiller-hosts") + 1] == names[0]
+    assert cmd[cmd.index("--decoder-hosts") + 1] == names[-1]
+    assert set(proxy["depends_on"]) == set(names)
+    assert any(v["target"] == "/opt/pd/toy_proxy_server.py" for v in proxy["volumes"])
+    assert "/healthcheck" in " ".join(proxy["healthcheck"]["test"])
+    assert not (REPO / f"docker/nginx/{variant.name}.conf").exists()
+
+
+def test_mode_and_bind_address_are_overridable():
+    env = {"PATH": "/usr/bin:/bin", "SERVELAB_MODE": "manual", "SERVELAB_BIND": "0.0.0.0"}
+    done = subprocess.run([str(COMPOSE_BIN), "--profile", "two_instances", "config", "--format",
+                           "json"], cwd=REPO, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    assert services["locust-master"]["environment"]["SERVELAB_MODE"] == "manual"
+    published = {name: [p["host_ip"] for p in svc["ports"]]
+                 for name, svc in services.items() if "ports" in svc}
+    assert published == {"sim": ["0.0.0.0"], "locust-master": ["0.0.0.0"],
+                         "lb-two-instances": ["0.0.0.0"]}
 
 
 def test_model_override_reaches_compose(tmp_path):
@@ -153,7 +201,8 @@ def test_repeated_blocks_are_written_once():
     text = (REPO / "docker-compose.yml").read_text()
     document = yaml.safe_load(text)
     assert {"x-python-health", "x-servelab-image", "x-vllm-server", "x-gpus-1"} <= set(document)
-    assert text.count("urllib.request.urlopen") == 1
+    # Once, plus each PD proxy's own probe of its /healthcheck.
+    assert text.count("urllib.request.urlopen") == 1 + sum(v.pd is not None for v in load_all())
     assert text.count("dockerfile: docker/Dockerfile") == 1
     assert text.count("count: 1") == 1
     for kind in {v.server for v in load_all()}:

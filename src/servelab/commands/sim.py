@@ -31,7 +31,9 @@ def register(sub) -> None:
                    "folder with its config.json, served under that path as vLLM does "
                    "(default Qwen/Qwen2.5-7B-Instruct)")
     p.add_argument("--variant", help="a servers/variants name or YAML file: its model, serve "
-                   "args and instance count (flags given here are applied after it)")
+                   "args and instance count (flags given here are applied after it, spelled as "
+                   "its server kind spells them); an SGLang variant is served in SGLang's "
+                   "dialect (log, sglang:* /metrics) with SGLang's scheduling")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     p.add_argument("--seed", type=int, default=0, help="engine randomness, faults, sampling")

@@ -4,6 +4,7 @@ Imported by the ``servelab run`` process too: keep it free of gevent and locust.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -36,7 +37,21 @@ def add_arguments(parser) -> None:
     g = parser
     g.add_argument("--variant", default=os.environ.get("SERVELAB_VARIANT", ""),
                    help="name of the server variant under test (recorded with the run)")
-    g.add_argument("--db", default=str(default_db()), help="DuckDB file that receives the run")
+    # The database path is the command line's (or $SERVELAB_DB's), never the web form's: the
+    # master creates folders and a file there.
+    g.add_argument("--db", default=str(default_db()), include_in_web_ui=False,
+                   help="DuckDB file that receives the run")
+    g.add_argument("--mode", default=os.environ.get("SERVELAB_MODE", "plan"),
+                   choices=["plan", "manual"],
+                   help="plan: the profile's load plan; manual: ramp LLM users by hand "
+                   "(number of users and ramp up below, changed while it runs with Edit)")
+    g.add_argument("--manual-warmup", type=float, default=10.0,
+                   help="manual mode: seconds after a level's users are all running before "
+                   "its measured window opens")
+    g.add_argument("--api-port", type=int, default=0, include_in_web_ui=False,
+                   help="headless: serve servelab's JSON API on 127.0.0.1:PORT (0: an ephemeral "
+                   "port for servelab's own readers, the run's token on every route; with the web "
+                   "UI it is on the UI's port under /servelab/api)")
     g.add_argument("--tag", default="", help="k=v[,k=v...] labels recorded with the run")
     g.add_argument("--seed", type=int, default=-1, help="override the profile's seed (-1: keep)")
     g.add_argument("--timeout-connect", type=float, default=REQUEST.connect,
@@ -69,6 +84,9 @@ def add_arguments(parser) -> None:
                    help="the master writes live progress here (JSON, once a second)")
     g.add_argument("--hardware", default="", include_in_web_ui=False,
                    help="GPU of the target, recorded with the run")
+    # Secure defaults: Locust binds its web UI and its worker port to every interface.
+    parser.set_defaults(web_host=os.environ.get("LOCUST_WEB_HOST", "127.0.0.1"),
+                        master_bind_host=os.environ.get("LOCUST_MASTER_BIND_HOST", "127.0.0.1"))
 
 
 @dataclass
@@ -88,6 +106,9 @@ class Settings:
     status_file: str
     hardware: str
     auth: dict = field(default_factory=dict)   # credentials.describe(): never a key or value
+    mode: str = "plan"               # plan | manual
+    manual_warmup_s: float = 10.0
+    api_port: int = 0
 
     def as_json(self) -> dict:
         d = asdict(self)
@@ -117,6 +138,9 @@ def settings_from(options) -> Settings:
         status_file=get("status_file", "") or "",
         hardware=get("hardware", "") or "",
         auth=credentials_from(options).describe(),
+        mode=get("mode", "plan") or "plan",
+        manual_warmup_s=float(get("manual_warmup", 10.0)),
+        api_port=int(get("api_port", 0) or 0),
     )
 
 
@@ -142,3 +166,43 @@ def parse_tags(value) -> dict:
                 raise ServelabError(f"--tag: '{part}' is not KEY=VALUE (e.g. --tag gpu=l40s)")
             tags[key.strip()] = val.strip()
     return tags
+
+
+def adopt_credentials(env) -> None:
+    """This process's credentials from its options and environment; a host given as
+    ``http://user:pass@host`` loses its user:password (nothing records it) and they become an
+    HTTP Basic header that travels in the options (to workers too), unless a key is given."""
+    opts = env.parsed_options
+    clean, basic = credentials.split_url(env.host)
+    if basic is not None:
+        env.host = clean
+        if opts is not None:
+            opts.host = clean
+            given = credentials_from(opts)
+            if given.api_key is None and "authorization" not in map(str.lower, given.headers):
+                opts.header = [*(getattr(opts, "header", None) or []), ": ".join(basic)]
+    creds = credentials_from(opts) if opts is not None else credentials.from_environ()
+    if creds.headers != credentials.current().headers:
+        credentials.install(creds)
+
+
+def try_adopt(env) -> None:
+    try:
+        adopt_credentials(env)
+    except ServelabError:
+        pass   # a bad --header: the run's start (ensure_run) reports it and exits 2
+
+
+def check_profile_now(options) -> None:
+    """The command line's profile loads, or Locust exits 2 with the loader's message before its
+    web form is served (a bad path used to make START go silently to STOPPED)."""
+    from servelab.profiles import load_profile
+
+    path = getattr(options, "profile", "") or os.environ.get("SERVELAB_PROFILE", "")
+    if not path:
+        return   # the web form may give it; a headless run's start says it is required
+    try:
+        load_profile(path)
+    except ServelabError as exc:
+        print(f"servelab: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)

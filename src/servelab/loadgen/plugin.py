@@ -12,18 +12,19 @@ import signal
 import time
 
 import gevent
+import orjson
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
-from servelab.core import credentials
 from servelab.core.errors import ServelabError
 from servelab.core.timeouts import WORKERS_READY_S
 from servelab.loadgen import messages
 from servelab.loadgen.master.collector import Collector
-from servelab.loadgen.options import (Settings, Timeouts, add_arguments, credentials_from,
-                                      settings_from)
-from servelab.loadgen.shapes import ManualStages, ProfileShape, StageDriver
+from servelab.loadgen.options import (Settings, Timeouts, add_arguments, adopt_credentials,
+                                      check_profile_now, settings_from, try_adopt)
+from servelab.loadgen.shapes import ManualShape, ManualStages, ProfileShape, StageDriver
 from servelab.loadgen.users import LLMUser, OpenLoopUser, StreamingUser, report_request
 from servelab.loadgen.worker import context as workers
+from servelab.store.runs import may_idle
 from servelab.store.spool import check_id
 
 log = logging.getLogger("servelab.loadgen")
@@ -44,7 +45,7 @@ def install(events, open_db=None) -> None:
         runner = environment.runner
         if runner is None:
             return
-        _try_adopt(environment)
+        try_adopt(environment)
         if isinstance(runner, WorkerRunner):
             # A worker keeps Locust's own SIGTERM handler (installed after this, and there all
             # along on a worker); two handlers would start two shutdowns.
@@ -59,13 +60,20 @@ def install(events, open_db=None) -> None:
         if isinstance(runner, (WorkerRunner, LocalRunner)):
             WorkerSide(environment).register(runner)
         if isinstance(runner, (MasterRunner, LocalRunner)):
+            check_profile_now(environment.parsed_options)
             sides["master"] = master = MasterSide(environment, open_db)
             master.register(runner)
+            from servelab.loadgen import web
+
+            if environment.web_ui is not None:
+                web.install(environment, master)
+            else:   # headless: --api-port, or an ephemeral port for the sidecar's readers
+                web.serve_headless(environment, master)
 
     def on_test_start(environment, **_kw) -> None:
         # A worker has the master's options (the web UI's key included) from the spawn message
         # that fired this event; a master may have a new host from the web UI.
-        _try_adopt(environment)
+        try_adopt(environment)
         if "master" in sides and isinstance(environment.runner, (MasterRunner, LocalRunner)):
             sides["master"].ensure_run()
 
@@ -107,11 +115,26 @@ class MasterSide:
         self.collector = Collector(environment, open_db)
         self.driver: StageDriver | None = None
         self.manual: ManualStages | None = None
-        # The profile's shape asks this side for its ticks (the web UI may pick another one).
+        self.last_error: str | None = None   # why the last run could not start (web UI)
+        # Both shapes ask this side for their ticks; the mode (option, or the web form's) picks.
         shapes = [environment.shape_class, *(environment.available_shape_classes or {}).values()]
-        for shape in shapes:
-            if isinstance(shape, ProfileShape):
-                shape.ticks = self.shape_tick
+        self.plan_shape = next((s for s in shapes if isinstance(s, ProfileShape)), None) \
+            or ProfileShape()
+        self.plan_shape.ticks = self.shape_tick
+        self.manual_shape = ManualShape()
+        self.manual_shape.ticks = self.manual_tick
+        self.use_mode(getattr(environment.parsed_options, "mode", "plan") or "plan")
+
+    def use_mode(self, mode: str) -> None:
+        shape = self.manual_shape if mode == "manual" else self.plan_shape
+        shape.runner = self.env.runner
+        self.env.shape_class = shape
+
+    def ui_status(self) -> dict:
+        """What the web UI and the JSON API show beside the collector's status."""
+        opts = self.env.parsed_options
+        return {"mode": getattr(opts, "mode", "plan") or "plan", "last_error": self.last_error,
+                "level_check": self.manual.check() if self.manual is not None else None}
 
     def register(self, runner) -> None:
         runner.register_message(messages.ROWS, self._on_rows)
@@ -120,6 +143,11 @@ class MasterSide:
 
     def _on_rows(self, environment, msg, **_kw) -> None:
         self.collector.on_rows(msg.node_id, msg.data)
+        if self.manual is not None and msg.data.get("health"):
+            # The batch's newest health sample only: one small parse per batch, not per row.
+            last = orjson.loads(msg.data["health"].rstrip(b"\n").rsplit(b"\n", 1)[-1])
+            self.manual.observe(last.get("worker"), last.get("t_unix", 0.0),
+                                last.get("in_flight"))
 
     def _on_drained(self, environment, msg, **_kw) -> None:
         self.collector.on_drained(msg.node_id, msg.data)
@@ -142,26 +170,33 @@ class MasterSide:
                 raise ServelabError("--profile is required (a traffic profile YAML, e.g. "
                                     "traffic_profiles/smoke.yaml)")
             profile = load_profile(settings.profile)
-            shaped = isinstance(env.shape_class, ProfileShape)
+            shaped = settings.mode != "manual"
             c.start_run(settings, profile, shaped)
             freeze_heap()
         except ServelabError as exc:
             self._fail(str(exc))
             return False
+        self.last_error = None
         _set_connect_timeout(settings)
+        self.driver = self.manual = None
         if shaped:
             stages = RequestPlanner(profile, c.record.seed).stages()
             self.driver = StageDriver(c, env.runner, stages, LLMUser, OpenLoopUser)
-            self.manual = None
         else:
-            self.driver = None
-            self.manual = ManualStages(c, env.runner)
+            self.manual = ManualStages(c, env.runner, env.parsed_options,
+                                       settings.manual_warmup_s, LLMUser,
+                                       may_idle(c.record.profile_text))
         return True
 
     def shape_tick(self):
         if not self.ensure_run() or self.driver is None:
             return None
         return self.driver.tick()
+
+    def manual_tick(self):
+        if not self.ensure_run() or self.manual is None:
+            return None
+        return self.manual.tick()
 
     def end_run(self, status: str | None) -> None:
         """Close the current stage, drain the workers and write the final record (once).
@@ -180,6 +215,11 @@ class MasterSide:
     def _fail(self, message: str) -> None:
         log.error("servelab: %s", message)
         print(f"servelab: {message}", flush=True)
+        self.last_error = message
+        if self.env.web_ui is not None:
+            # The web UI outlives a run that could not start: the shape's tick answers None, so
+            # Locust ends the test (back to its start form), and the UI shows the message.
+            return
         self.env.process_exit_code = 2
         if self.env.runner is not None:
             gevent.spawn_later(0.1, self.env.runner.quit)
@@ -315,31 +355,6 @@ def _stop_signals_like_ctrl_c(*signals) -> None:
 
     for sig in signals:
         gevent.signal_handler(sig, first_stop)
-
-
-def adopt_credentials(env) -> None:
-    """This process's credentials from its options and environment; a host given as
-    ``http://user:pass@host`` loses its user:password (nothing records it) and they become an
-    HTTP Basic header that travels in the options (to workers too), unless a key is given."""
-    opts = env.parsed_options
-    clean, basic = credentials.split_url(env.host)
-    if basic is not None:
-        env.host = clean
-        if opts is not None:
-            opts.host = clean
-            given = credentials_from(opts)
-            if given.api_key is None and "authorization" not in map(str.lower, given.headers):
-                opts.header = [*(getattr(opts, "header", None) or []), ": ".join(basic)]
-    creds = credentials_from(opts) if opts is not None else credentials.from_environ()
-    if creds.headers != credentials.current().headers:
-        credentials.install(creds)
-
-
-def _try_adopt(env) -> None:
-    try:
-        adopt_credentials(env)
-    except ServelabError:
-        pass   # a bad --header: the run's start (ensure_run) reports it and exits 2
 
 
 def _set_connect_timeout(settings: Settings) -> None:

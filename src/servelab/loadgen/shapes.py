@@ -1,4 +1,4 @@
-"""The profile's load plan as a Locust ``LoadTestShape`` (and stage tracking for hand-ramped runs).
+"""The profile's load plan as a Locust ``LoadTestShape``, and the hand-ramped run's shape.
 
 - ``concurrency``: one level after the other. A level's hold timer starts when Locust reports the
   user count reached (a monitor greenlet polls it every 50 ms), not when the level was asked for;
@@ -7,6 +7,8 @@
 - ``rate`` and ``trace``: one ``OpenLoopUser`` per worker; every stage's absolute start time is
   sent to the workers up front (stages follow each other without a gap) and each worker
   dispatches its share of the arrivals on that schedule.
+- ``--mode manual`` (``ManualShape``, ``ManualStages``): no plan; the web form's user count,
+  changed by hand while it runs, each count a ``manual`` stage.
 
 Each stage's start, reached, measured window and end go to the ``stages`` table as they happen;
 the run ends with servelab's drain (see ``master.collector.Collector.drain_and_finish``), then
@@ -15,10 +17,13 @@ the run ends with servelab's drain (see ``master.collector.Collector.drain_and_f
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 
 import gevent
 from locust import LoadTestShape
+
+from servelab.store.runs import mismatched
 
 log = logging.getLogger("servelab.loadgen")
 OPEN_LEAD_S = 1.0        # open-loop schedules start this long after they are announced
@@ -169,57 +174,159 @@ class StageDriver:
 
 
 class ManualStages:
-    """A run ramped by hand (web UI without the profile's shape): each new user count asked for
-    is a ``ramp`` stage whose level is that count, measured from when it was reached."""
+    """A run ramped by hand (``--mode manual``). The user count and spawn rate are the web form's:
+    Locust's ``/swarm`` writes them into ``parsed_options`` on every post, the Edit form's too
+    (it refuses to restart a running shape, but only after writing them). Each new count asked
+    for is a ``manual`` stage; its level is the number of ``LLMUser`` really running once Locust
+    reports them all, and its measured window is [reached + ``--manual-warmup``, next change or
+    stop). The level is checked against what the workers have in flight (their health samples):
+    a closed-loop user has at most one request in flight, so a level far from it means users
+    that do not send (the old bug: 8 asked, 4 sending)."""
 
-    def __init__(self, collector, runner):
+    def __init__(self, collector, runner, options, warmup_s: float, closed_user,
+                 idles: bool = False):
         self.collector = collector
+        self.idles = idles     # the profile has think time (store.runs.may_idle)
         self.runner = runner
+        self.options = options
+        self.warmup_s = warmup_s
+        self.closed_user = closed_user
         self.index = -1
+        self.asked: int | None = None
         self.current: dict | None = None
-        self._greenlet = gevent.spawn(self._loop)
+        self.value = None
+        self.started: float | None = None
+        self.finished = False
+        self._monitor = None
+        self._samples: dict[str, list[int]] = {}   # this stage's in-flight samples, by worker
+        self._warned = -1
 
-    def _loop(self) -> None:
-        target = None
-        while True:
-            want = getattr(self.runner, "target_user_count", None)
-            now = time.time()
-            if want is not None and want != target:
-                target = want
-                if self.current is not None:
-                    if self.current.get("measure_start_unix") is not None:
-                        self.collector.stage_begin(dict(self.current, measure_end_unix=now))
-                    self.collector.stage_end(self.current["stage"], now)
-                self.index += 1
-                self.current = {"stage": self.index, "kind": "ramp", "level": float(want),
-                                "started_unix": now, "reached_unix": None,
-                                "measure_start_unix": None, "measure_end_unix": None,
-                                "ended_unix": None}
-                self.collector.stage_begin(self.current)
-            cur = self.current
-            if cur is not None and cur["reached_unix"] is None and \
-                    self.runner.user_count == target:
-                self.current = dict(cur, reached_unix=now, measure_start_unix=now,
-                                    measure_end_unix=None)
-                self.collector.stage_begin(self.current)
-            gevent.sleep(0.25)
+    def tick(self):
+        if self.finished:
+            return None
+        if self.collector.draining or not self.collector.active:
+            return self.value
+        now = time.time()
+        # --run-time (or the form's Run time): Locust's own timer is not armed for a shape.
+        limit = getattr(self.options, "run_time", None)
+        if limit and self.started is not None and now - self.started >= float(limit):
+            self.finished = True
+            self._close(now)
+            self.collector.drain_and_finish("completed")
+            return None
+        users = max(0, int(getattr(self.options, "num_users", 0) or 0))
+        rate = float(getattr(self.options, "spawn_rate", 0) or 0) or 1.0
+        if users != self.asked:
+            if self.asked is None:
+                self.collector.wait_ready()   # as the plan does: no worker starts late
+                self.started = time.time()
+            self._next(users, time.time())
+        # Only closed-loop users: OpenLoopUser's dispatcher sends nothing in a manual run.
+        self.value = (users, rate, [self.closed_user])
+        return self.value
+
+    def _next(self, users: int, now: float) -> None:
+        self._close(now)
+        self.asked = users
+        self.index += 1
+        self.current = {"stage": self.index, "kind": "manual", "level": float(users),
+                        "users": users, "started_unix": now, "reached_unix": None,
+                        "measure_start_unix": None, "measure_end_unix": None, "ended_unix": None}
+        self._samples = {}
+        self.collector.stage_begin(self.current)
+        self._monitor = gevent.spawn(self._watch_reached, self.index, users, now)
+
+    def running(self) -> int:
+        """``LLMUser`` instances Locust reports running (on a master: the workers' reports)."""
+        # A master's own user_classes_count is its own (none); the workers' is "reported".
+        counts = getattr(self.runner, "reported_user_classes_count", None)
+        if counts is None:
+            counts = self.runner.user_classes_count
+        return int(counts.get(self.closed_user.__name__, 0))
+
+    def _watch_reached(self, index: int, users: int, asked_unix: float) -> None:
+        rate = float(getattr(self.options, "spawn_rate", 0) or 0) or 1.0
+        give_up = asked_unix + users / rate + REACH_GRACE_S
+        while not (self.running() == users and self.runner.user_count == users):
+            if time.time() > give_up:
+                log.warning("servelab: manual stage %d: %d of %d users running after %.0f s; "
+                            "recording the level that runs", index, self.running(), users,
+                            time.time() - asked_unix)
+                break
+            gevent.sleep(0.05)
+        cur = self.current
+        if cur is None or cur["stage"] != index:
+            return
+        reached = time.time()
+        self.current = dict(cur, reached_unix=reached, level=float(self.running()),
+                            measure_start_unix=reached + self.warmup_s)
+        self.collector.stage_begin(self.current)
+
+    def observe(self, worker: str, t_unix: float, in_flight) -> None:
+        """One health sample of a worker (the master reads the last one of each batch)."""
+        cur = self.current
+        if cur is None or in_flight is None or cur.get("measure_start_unix") is None or \
+                t_unix < cur["measure_start_unix"]:
+            return
+        self._samples.setdefault(worker, []).append(int(in_flight))
+        verdict = self.check()
+        if verdict["mismatch"] and self._warned != cur["stage"]:
+            self._warned = cur["stage"]
+            log.warning("servelab: manual stage %d: level %g users but %g requests in flight",
+                        cur["stage"], verdict["level"], verdict["in_flight"])
+
+    def check(self) -> dict:
+        """The current stage's level against the generator's in-flight count: the sum over
+        workers of each one's median sample in the measured window (workers sample on their own
+        clocks, so per-second sums would mix phases). Same rule as ``store.runs`` at the end."""
+        cur = self.current or {}
+        in_flight = None
+        if self._samples:
+            in_flight = float(sum(statistics.median(v) for v in self._samples.values()))
+        level = cur.get("level")
+        return {"stage": cur.get("stage"), "level": level, "in_flight": in_flight,
+                "samples": sum(len(v) for v in self._samples.values()),
+                "measuring": cur.get("measure_start_unix") is not None and
+                time.time() >= cur["measure_start_unix"],
+                "mismatch": mismatched(level, in_flight, self.idles)}
+
+    def _close(self, now: float) -> None:
+        if self._monitor is not None:
+            self._monitor.kill(block=False)
+        cur = self.current
+        if cur is None:
+            return
+        start = cur.get("measure_start_unix")
+        if start is not None:
+            # Still in its warm-up: an empty window, not one that reaches back before it.
+            self.collector.stage_begin(dict(cur, measure_end_unix=max(now, start)))
+        self.collector.stage_end(cur["stage"], now)
+        self.current = None
 
     def stop(self) -> None:
-        self._greenlet.kill(block=False)
-        if self.current is not None:
-            now = time.time()
-            if self.current.get("measure_start_unix") is not None:
-                self.current = dict(self.current, measure_end_unix=now)
-                self.collector.stage_begin(self.current)
-            self.collector.stage_end(self.current["stage"], now)
+        self._close(time.time())
+
+
+class ManualShape(LoadTestShape):
+    """``--mode manual`` (or the form's mode): the users and spawn rate of the form, changed while
+    it runs with Edit; ``ticks`` is the plugin's (``plugin.MasterSide``)."""
+
+    use_common_options = True
+    ticks = None
+
+    def tick(self):
+        return self.ticks() if self.ticks is not None else None
 
 
 class ProfileShape(LoadTestShape):
     """The profile's load plan (``--profile``); see the module docstring.
 
     ``ticks`` is handed to the shape by the plugin when Locust starts (``plugin.MasterSide``):
-    it starts the run on the first tick and answers with its ``StageDriver``'s tick."""
+    it starts the run on the first tick and answers with its ``StageDriver``'s tick. The form's
+    user fields stay editable (the same form serves both modes; the mode's help says the plan
+    ignores them)."""
 
+    use_common_options = True
     ticks = None
 
     def tick(self):

@@ -32,18 +32,29 @@ FLAG_PREDICTED = "predicted"
 WORKER = "predict"
 LATE_MS = 10.0  # the load generator's --late-ms default
 DROPPED_TEXT = "max_in_flight was reached and no slot freed before the stage ended"
-# vLLM's metric name -> the engine sample's field
-_METRICS = [("vllm:num_requests_running", "num_running"),
-            ("vllm:num_requests_waiting", "num_waiting"),
-            ("vllm:kv_cache_usage_perc", "kv_usage"),
-            ("vllm:num_preemptions_total", "num_preemptions_total"),
-            ("vllm:prompt_tokens_total", "prompt_tokens_total"),
-            ("vllm:generation_tokens_total", "generation_tokens_total"),
-            ("vllm:prefix_cache_queries_total", "prefix_cache_queries_total"),
-            ("vllm:prefix_cache_hits_total", "prefix_cache_hits_total")]
-_SPEC_METRICS = [("vllm:spec_decode_num_drafts_total", "spec_num_drafts_total"),
-                 ("vllm:spec_decode_num_draft_tokens_total", "spec_num_draft_tokens_total"),
-                 ("vllm:spec_decode_num_accepted_tokens_total", "spec_num_accepted_tokens_total")]
+# The canonical metric (the kind's METRICS key) -> the engine sample's field; each kind's
+# /metrics name is written, so a predicted SGLang run reads like a scraped one.
+_METRICS = [("running", "num_running"), ("waiting", "num_waiting"),
+            ("kv_cache_usage", "kv_usage"), ("preemptions", "num_preemptions_total"),
+            ("prompt_tokens", "prompt_tokens_total"),
+            ("generation_tokens", "generation_tokens_total"),
+            ("prefix_cache_queries", "prefix_cache_queries_total"),
+            ("prefix_cache_hits", "prefix_cache_hits_total")]
+_SPEC_METRICS = [("spec_drafts", "spec_num_drafts_total"),
+                 ("spec_draft_tokens", "spec_num_draft_tokens_total"),
+                 ("spec_accepted_tokens", "spec_num_accepted_tokens_total")]
+
+
+def metric_names(kind, speculative: bool) -> list[tuple[str, str]]:
+    """(exposed name, sample field) for one kind; a name two concepts share (SGLang counts its
+    prefix-cache queries as prompt tokens) is written once."""
+    out, seen = [], set()
+    for key, attr in _METRICS + (_SPEC_METRICS if speculative else []):
+        name = kind.metrics.get(key)
+        if name is not None and name not in seen:
+            seen.add(name)
+            out.append((name, attr))
+    return out
 
 
 @dataclass
@@ -92,7 +103,7 @@ class Predictor:
         from servelab.profiles import load_profile
         from servelab.profiles.planner import RequestPlanner
         from servelab.sim.engine.balancer import make_engines
-        from servelab.specs.engine_config import build_engine_config
+        from servelab.specs.engine_config import build_kind_engine_config
 
         self.variant = variant
         self.hardware = hardware
@@ -100,9 +111,16 @@ class Predictor:
         self.profile = load_profile(profile_path)
         self.planner = RequestPlanner(self.profile, seed)
         self.seed = self.planner.seed
-        self.config = build_engine_config(hardware, variant.model, list(variant.serve_args))
-        self.engines = make_engines(self.config, self.seed,
-                                    count=self.config.data_parallel_size * variant.instances)
+        self.config = build_kind_engine_config(hardware, variant.model, variant.serve_args,
+                                               variant.kind)
+        if variant.pd is not None:  # two pools: prefill engines, then decode engines
+            from servelab.sim.engine.disagg import make_pd_engines
+
+            self.engines = make_pd_engines(self.config, variant.pd.prefill, variant.pd.decode,
+                                           self.seed)
+        else:
+            self.engines = make_engines(self.config, self.seed,
+                                        count=self.config.data_parallel_size * variant.instances)
         self.sample_interval_s = sample_interval_s
         self.stages = self.planner.stages()
         self.users = None
@@ -111,10 +129,10 @@ class Predictor:
         """The profile's stages as virtual users: closed-loop users (ramps at their spawn rate)
         taking sessions from the planner, open-loop arrivals each starting a session, under the
         stage's max_in_flight cap (dropped at the stage's end; the last stage drains)."""
-        from servelab.sim.engine.virtual import InFlightCap, VirtualRunner
+        from servelab.sim.engine.virtual import InFlightCap
         from servelab.sim.engine.virtual_users import VirtualUsers
 
-        self.users = users = VirtualUsers(VirtualRunner(self.engines, self.sample_interval_s))
+        self.users = users = VirtualUsers(self._runner())
         sessions = self.planner.sessions() if self.planner.load_kind != "trace" else None
         ramp_reach = {}
         users_before = 0
@@ -145,6 +163,33 @@ class Predictor:
                     if planned is not None:
                         turns.append(planned)
         return users.run(), windows
+
+    def _runner(self):
+        from servelab.sim.engine.virtual import VirtualRunner
+
+        pd = self.variant.pd
+        if pd is None:
+            return VirtualRunner(self.engines, self.sample_interval_s)
+        from servelab.sim.engine.disagg import DisaggRunner
+        from servelab.sim.engine.kv_transfer import kv_link
+
+        return DisaggRunner(self.engines, pd.prefill, kv_link(self.config, pd.kv_link_gb_s),
+                            self.sample_interval_s)
+
+    def pd_settings(self) -> dict:
+        """The KV transfer's assumed link and what it cost, for a PD variant's run record."""
+        runner = self.users.runner if self.users is not None else None
+        transfers = getattr(runner, "transfers", None)
+        if transfers is None:
+            return {}
+        link = runner.link
+        mean = sum(s for _, _, s in transfers) / len(transfers) if transfers else 0.0
+        return {"kv_transfer": {"link": link.kind, "one_way_gb_s": link.one_way_gb_s,
+                                "efficiency": link.params.efficiency[link.kind],
+                                "latency_s": link.params.latency_s,
+                                "bytes_per_token": link.bytes_per_token,
+                                "transfers": len(transfers), "mean_ms": mean * 1000,
+                                "assumed": True}}
 
     # -- rows -----------------------------------------------------------------------------------
     def rows(self, run_id: str, result, windows: list[dict], anchor: float) -> dict[str, list]:
@@ -220,7 +265,7 @@ class Predictor:
         from servelab.store.rows import MetricSample
 
         model = self.config.served_model_name
-        names = _METRICS + (_SPEC_METRICS if self.config.speculative is not None else [])
+        names = metric_names(self.variant.kind, self.config.speculative is not None)
         rows = []
         for s in result.samples:
             labels = {"engine": str(s.engine_index), "model_name": model}
@@ -260,7 +305,7 @@ def predict(variant: Variant, hardware: str, profile_path: str | Path, db_path: 
                   "max_num_seqs": config.max_num_seqs,
                   "max_num_batched_tokens": config.max_num_batched_tokens,
                   "kv_cache_tokens": predictor.engines[0].kv_plan.kv_tokens,
-                  "virtual_s": result.end_s},
+                  "virtual_s": result.end_s, **predictor.pd_settings()},
         notes="predicted by the simulator's engine in virtual time; not a measurement",
     )
     n = len(rows["requests"])

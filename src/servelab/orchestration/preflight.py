@@ -227,7 +227,7 @@ def run_preflight(variant: Variant, gpus: list[Gpu], gpu_source: str,
     """``server``: the variant is already being served on these GPUs (its memory is the
     server's, not a reason to refuse); what it measured is compared with the estimate."""
     from servelab.sim.engine.kv_sizing import plan_kv_cache
-    from servelab.specs.engine_config import build_engine_config
+    from servelab.specs.engine_config import build_kind_engine_config
 
     if not gpus:
         raise ServelabError(f"{gpu_source}: no GPUs listed")
@@ -235,12 +235,10 @@ def run_preflight(variant: Variant, gpus: list[Gpu], gpu_source: str,
     hw, known = spec_for_gpu(used[0])
     # The kind spells its settings its own way; the memory plan reads vLLM's (SGLang: its
     # --mem-fraction-static default depends on the GPU's memory).
-    config = build_engine_config(hw, variant.model, variant.kind.engine_serve_args(
-        variant.serve_args, used[0].memory_total_mib))
+    config = build_kind_engine_config(hw, variant.model, variant.serve_args, variant.kind,
+                                      used[0].memory_total_mib)
     plan = plan_kv_cache(config)
     util = config.gpu_memory_utilization
-    if variant.kind.memory_from_free:
-        config, plan = _fraction_of_free(hw, variant, used[0].memory_total_mib, config, plan)
     report = PreflightReport(variant=variant.name, gpus=gpus, gpu_source=gpu_source,
                              hardware=hw.name, model=variant.model, quant_path=config.quant.name,
                              kernel=config.quant.kernel, max_model_len=config.max_model_len,
@@ -262,20 +260,6 @@ def run_preflight(variant: Variant, gpus: list[Gpu], gpu_source: str,
     _interconnect(variant, used, hw, links, say)
     _profile_fit(report, plan, say)
     return report
-
-
-def _fraction_of_free(hw: HardwareSpec, variant: Variant, gpu_mib: int, config, plan):
-    """SGLang's fraction holds weights + KV cache only, vLLM's (the plan's rule) also the
-    activations, CUDA graphs, non-torch memory: plan again with those added back."""
-    from servelab.sim.engine.kv_sizing import plan_kv_cache
-    from servelab.specs.engine_config import build_engine_config
-
-    outside = plan.activation_gib + plan.non_torch_gib + plan.cudagraph_gib
-    util = min(1.0, config.gpu_memory_utilization + outside / plan.gpu_memory_gib)
-    args = variant.kind.engine_serve_args(variant.serve_args, gpu_mib)
-    args[args.index("--gpu-memory-utilization") + 1] = f"{util:.4f}"
-    config = build_engine_config(hw, variant.model, args)
-    return config, plan_kv_cache(config)
 
 
 def _compute_capability(variant: Variant, used: list[Gpu], say) -> None:

@@ -9,7 +9,7 @@ in ``sim.engine.costs``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from servelab.core.errors import ServelabError
 from servelab.specs.hardware import GIB, HardwareSpec, load_hardware
@@ -70,6 +70,21 @@ class EngineConfig:
     serve_args: ServeArgs
     log_lines: tuple[str, ...]        # vLLM's log lines for the decisions above (warnings included)
     warnings: tuple[str, ...]
+    # Scheduling knobs where serving frameworks differ (a kind's ``scheduling`` sets them; the
+    # defaults are vLLM V1's): decodes share a step with prefill chunks (vLLM's mixed batches;
+    # SGLang only with --enable-mixed-chunk), and the waiting queue's order (fcfs, or SGLang's
+    # lpm: longest cached prefix first). ``block_size`` above is also the prefix cache's match
+    # granularity: vLLM's 16-token blocks, SGLang's page_size 1.
+    mixed_prefill_decode: bool = True
+    schedule_policy: str = "fcfs"
+    # vLLM's --gpu-memory-utilization bounds everything the engine allocates; SGLang's
+    # --mem-fraction-static weights + KV pool only (activations and graphs live outside it).
+    memory_fraction_holds_activations: bool = True
+    # The simulator's own allocation unit when ``block_size`` is finer (None: block_size): a
+    # token-granular cache then still allocates 16-token blocks, which keeps a step's cost that
+    # of vLLM's blocks (sim.engine.block_manager says what that approximates).
+    kv_page_tokens: int | None = None
+    server_kind: str = "vllm"         # whose log and /metrics dialect the simulator speaks
 
     @property
     def served_model_name(self) -> str:
@@ -234,3 +249,17 @@ def build_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec,
         speculative=speculative, serve_args=args,
         log_lines=tuple(logs + [f"WARNING {w}" for w in warns]), warnings=tuple(warns),
     )
+
+
+def build_kind_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec, serve_args,
+                             kind, gpu_mib: float | None = None) -> EngineConfig:
+    """The engine configuration of a server ``kind`` (``specs.server_kinds``) given its own
+    flags: the kind translates the settings the memory plan reads into vLLM's spelling (SGLang's
+    defaults depend on the GPU's memory, ``gpu_mib``: the hardware file's when None) and sets
+    the scheduling knobs where it differs."""
+    hw = hardware if isinstance(hardware, HardwareSpec) else load_hardware(hardware)
+    args = list(serve_args or [])
+    config = build_engine_config(hw, model, kind.engine_serve_args(
+        args, gpu_mib or hw.memory_mib))
+    knobs = kind.scheduling(args) if kind.scheduling is not None else {}
+    return replace(config, server_kind=kind.name, **knobs)

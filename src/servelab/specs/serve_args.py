@@ -57,6 +57,10 @@ class ServeArgs:
     disable_custom_all_reduce: bool = False
     dtype: str = "auto"
     enable_prompt_tokens_details: bool = False
+    # vLLM's KV connector (disaggregated prefill): no engine step changes, but a simulator that
+    # served it as one engine would hide the transfer, so the HTTP simulator refuses it and only
+    # predict's two-pool runner (sim.engine.disagg) models it.
+    kv_transfer_config: dict | None = None
     ignored: list[str] = field(default_factory=list)  # accepted flags that do not affect timing
     argv: list[str] = field(default_factory=list)
 
@@ -122,15 +126,19 @@ _SWITCHES = {
 }
 
 
-def _speculative_config(text: str) -> dict:
+def _json_object(flag: str, text: str, example: str) -> dict:
     try:
-        spec = json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ServelabError(f"serve args: --speculative-config: not valid JSON ({exc}); "
-                            "e.g. '{\"method\":\"ngram\",\"num_speculative_tokens\":5}'") from None
-    if not isinstance(spec, dict):
-        raise ServelabError("serve args: --speculative-config: expected a JSON object")
-    return spec
+        raise ServelabError(f"serve args: {flag}: not valid JSON ({exc}); e.g. '{example}'") from None
+    if not isinstance(value, dict):
+        raise ServelabError(f"serve args: {flag}: expected a JSON object, e.g. '{example}'")
+    return value
+
+
+def _speculative_config(text: str) -> dict:
+    return _json_object("--speculative-config", text,
+                        '{"method":"ngram","num_speculative_tokens":5}')
 
 
 def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
@@ -167,6 +175,9 @@ def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
             setattr(out, name, value)
         elif flag == "--speculative-config":
             out.speculative_config = _speculative_config(value_of(flag, inline))
+        elif flag == "--kv-transfer-config":
+            out.kv_transfer_config = _json_object(
+                flag, value_of(flag, inline), '{"kv_connector":"NixlConnector","kv_role":"kv_both"}')
         elif flag == "--pipeline-parallel-size":
             if _int(flag, value_of(flag, inline)) != 1:
                 raise ServelabError("serve args: --pipeline-parallel-size > 1 is not simulated; "
@@ -192,7 +203,7 @@ def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
                 "--speculative-config, --tensor-parallel-size, --data-parallel-size, --max-num-seqs, "
                 "--max-num-batched-tokens, --gpu-memory-utilization, --max-model-len, "
                 "--[no-]enable-prefix-caching, --served-model-name, --kv-cache-dtype, --block-size, "
-                "--enforce-eager, --disable-custom-all-reduce, --dtype; accepted without effect: "
+                "--enforce-eager, --disable-custom-all-reduce, --dtype, --kv-transfer-config (predict only); accepted without effect: "
                 + ", ".join(DOCUMENTED_NO_EFFECT)
             )
     return out

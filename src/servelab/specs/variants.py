@@ -18,6 +18,7 @@ from typing import Any
 from servelab.core.errors import ServelabError
 from servelab.core.paths import servers_dir
 from servelab.core import yamlsource
+from servelab.specs.pd import PDSpec, check_pd
 from servelab.specs.serve_args import FLAG_ALIASES
 from servelab.specs.server_kinds import DEFAULT_KIND, KINDS, SPECULATIVE_METHODS, ServerKind
 from servelab.specs.server_kinds.kind import is_model_ref
@@ -25,7 +26,7 @@ from servelab.specs.server_kinds.kind import is_model_ref
 WEIGHT_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
 ACTIVATION_PRECISIONS = ("bf16", "fp16", "fp8", "int8")
 TOP_KEYS = ("name", "description", "server", "model", "model_env", "serve_args", "gpus",
-            "instances", "claims", "notes")
+            "instances", "claims", "notes", "pd")
 CLAIM_KEYS = ("weights", "activations", "min_compute_capability", "speculative")
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 ENV_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -59,6 +60,7 @@ class Variant:
     path: Path
     notes: str = ""
     server: str = DEFAULT_KIND
+    pd: PDSpec | None = None        # prefill/decode disaggregation (specs.pd); None: colocated
     _args: dict[str, str | bool] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -130,6 +132,7 @@ class Variant:
         return {"name": self.name, "path": str(self.path), "model": self.model,
                 "serve_args": list(self.serve_args), "gpus": self.gpus,
                 "instances": self.instances,
+                **({"pd": self.pd.to_record()} if self.pd else {}),
                 "claims": {"weights": self.claims.weights, "activations": self.claims.activations,
                            "min_compute_capability": self.claims.min_compute_capability,
                            "speculative": self.claims.speculative}}
@@ -269,6 +272,7 @@ def _build(path: Path, doc: yamlsource.YamlDoc, environ) -> Variant:
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             p.add((key,), value, "a whole number >= 1")
     claims = _check_claims(p, data.get("claims"), args, kind)
+    pd = check_pd(data.get("pd"), args, instances, server, p.add)
 
     if not p.items:
         per_instance = 1
@@ -284,7 +288,7 @@ def _build(path: Path, doc: yamlsource.YamlDoc, environ) -> Variant:
     return Variant(name=name, description=description.strip(), model=served or model,
                    default_model=model, model_env=model_env, serve_args=tuple(serve_args),
                    gpus=gpus, instances=instances, claims=claims, path=path,
-                   notes=notes.strip(), server=server, _args=args)
+                   notes=notes.strip(), server=server, pd=pd, _args=args)
 
 
 def _check_claims(p: _Problems, claims: Any, args: dict, kind: ServerKind) -> Claims | None:

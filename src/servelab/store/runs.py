@@ -21,6 +21,12 @@ HOST_BUSY_RUNNABLE = 1.0      # other runnable threads per core
 HOST_BUSY_STEAL = 10.0        # percent of the host's time taken by the hypervisor
 HOST_BUSY_SWITCHES = 50.0     # this process's involuntary context switches per second
 # (host_load_per_core is recorded but not judged: a 1-minute average trails a stage by a minute.)
+# A manual stage's level (users really running) against the requests the workers had in flight
+# in its measured window: flagged level_mismatch past max(LEVEL_SLACK, LEVEL_TOLERANCE x level)
+# (a closed-loop user has one request in flight, none for the instant between two).
+LEVEL_TOLERANCE = 0.10
+LEVEL_SLACK = 1.0
+MISMATCH_NOTE = "level_mismatch: "
 
 
 def mark_warmup(con, run_id: str) -> None:
@@ -90,6 +96,57 @@ def saturation(con, run_id: str) -> list[Saturation]:
     return out
 
 
+@dataclass
+class LevelCheck:
+    stage: int
+    level: float
+    in_flight: float    # the sum over workers of each one's median in-flight sample
+    samples: int
+
+
+def level_mismatches(con, run_id: str) -> list[LevelCheck]:
+    """Manual stages whose level the generator's in-flight count contradicts. Each worker's
+    median is taken on its own (workers sample on their own clocks), then summed. A profile with
+    think time between turns keeps users idle on purpose: only too many in flight counts there."""
+    rows = con.execute(
+        """
+        WITH per_worker AS (
+            SELECT s.stage, s.level, h.worker, median(h.in_flight) AS m, count(*) AS n
+            FROM stages s
+            JOIN client_health h ON h.run_id = s.run_id
+                 AND h.t_unix >= s.measure_start_unix AND h.t_unix < s.measure_end_unix
+            WHERE s.run_id = ? AND s.kind = 'manual' AND h.in_flight IS NOT NULL
+            GROUP BY s.stage, s.level, h.worker)
+        SELECT stage, level, sum(m), sum(n) FROM per_worker GROUP BY stage, level ORDER BY stage
+        """, [run_id]).fetchall()
+    text = con.execute("SELECT profile_text FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    idles = may_idle(text[0] if text else None)
+    return [LevelCheck(stage, level, float(in_flight), int(n))
+            for stage, level, in_flight, n in rows if mismatched(level, in_flight, idles)]
+
+
+def may_idle(profile_text: str | None) -> bool:
+    """Users of this profile may wait between turns (it names a think time), so fewer in flight
+    than users is no mismatch there. Read from the text: a zero think time only loosens it."""
+    return "think_time" in (profile_text or "")
+
+
+def mismatched(level, in_flight, idles: bool = False) -> bool:
+    if level is None or in_flight is None:
+        return False
+    gap = in_flight - level
+    return (gap if idles else abs(gap)) > max(LEVEL_SLACK, LEVEL_TOLERANCE * level)
+
+
+def _mismatch_notes(con, run_id: str, checks: list[LevelCheck]) -> None:
+    """The run's notes name each mismatched stage (recomputed: earlier such notes replaced)."""
+    row = con.execute("SELECT notes FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    kept = [n for n in (row[0] or "").split("; ") if n and not n.startswith(MISMATCH_NOTE)]
+    kept += [f"{MISMATCH_NOTE}stage {c.stage} ran {c.level:g} users but had {c.in_flight:g} "
+             f"requests in flight (median of {c.samples} health samples)" for c in checks]
+    con.execute("UPDATE runs SET notes = ? WHERE run_id = ?", ["; ".join(kept) or None, run_id])
+
+
 def lost_rows(con, run_id: str) -> int:
     row = con.execute(
         "SELECT coalesce(sum(greatest(produced - stored, 0) + coalesce(in_flight_lost, 0)), 0) "
@@ -116,11 +173,11 @@ def bad_values(con, run_id: str) -> int:
 
 def refresh_flags(con, run_id: str) -> list[str]:
     """Recompute the flags this module owns (generator_saturated, host_busy, rows_lost,
-    bad_values); keep the others."""
+    bad_values, level_mismatch); keep the others."""
     row = con.execute("SELECT flags FROM runs WHERE run_id = ?", [run_id]).fetchone()
     if row is None:
         return []
-    owned = {"generator_saturated", "host_busy", "rows_lost", "bad_values"}
+    owned = {"generator_saturated", "host_busy", "rows_lost", "bad_values", "level_mismatch"}
     flags = [f for f in (row[0] or []) if f not in owned]
     causes = {s.cause for s in saturation(con, run_id)}
     if "generator" in causes:
@@ -131,6 +188,10 @@ def refresh_flags(con, run_id: str) -> list[str]:
         flags.append("rows_lost")
     if bad_values(con, run_id):
         flags.append("bad_values")
+    mismatches = level_mismatches(con, run_id)
+    _mismatch_notes(con, run_id, mismatches)
+    if mismatches:
+        flags.append("level_mismatch")
     con.execute("UPDATE runs SET flags = ? WHERE run_id = ?", [flags, run_id])
     return flags
 

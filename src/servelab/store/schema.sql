@@ -9,7 +9,7 @@ CREATE TABLE IF NOT EXISTS runs (
     profile_name      VARCHAR,
     profile_path      VARCHAR,
     profile_text      VARCHAR,      -- the full YAML as run
-    load_kind         VARCHAR,      -- concurrency | rate | ramp | trace
+    load_kind         VARCHAR,      -- concurrency | rate | ramp | trace | manual (web UI by hand)
     target            VARCHAR,      -- base URL of the server under test
     variant           VARCHAR,      -- servers/variants name, or NULL
     hardware          VARCHAR,      -- servers/hardware name, or NULL when unknown
@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS run_classes (
 CREATE TABLE IF NOT EXISTS stages (
     run_id              VARCHAR,
     stage               INTEGER,
-    kind                VARCHAR,    -- concurrency | rate | ramp | trace
+    kind                VARCHAR,    -- concurrency | rate | ramp | trace | manual (web UI by hand)
     level               DOUBLE,     -- users (closed loop) or requests/s (open loop)
     started_unix        DOUBLE,     -- the stage was asked for
     reached_unix        DOUBLE,     -- the user count was reached (closed loop); = started otherwise

@@ -21,9 +21,9 @@ from servelab.core.timeouts import WORKERS_READY_S
 from servelab.loadgen import messages
 from servelab.loadgen.client.clock import now_unix
 from servelab.loadgen.master.accounts import WorkerAccounts
-from servelab.loadgen.master.live import LiveWindow
+from servelab.loadgen.master import live
 from servelab.loadgen.master.run_record import RunRecord
-from servelab.loadgen.master.scraper import Scraper
+from servelab.loadgen.master.scraper import Scraper, server_state
 from servelab.loadgen.master.stages import StageRecords
 from servelab.loadgen.master.status import StatusFile
 from servelab.loadgen.master.writer import DbWriter
@@ -51,7 +51,7 @@ class Collector:
         self.record: RunRecord | None = None
         self.accounts = WorkerAccounts([])
         self.stages = StageRecords("")
-        self.live = LiveWindow()
+        self.live = live.LiveWindow()
         self.writer: DbWriter | None = None
         self.scraper: Scraper | None = None
         self.status_file: StatusFile | None = None
@@ -75,7 +75,7 @@ class Collector:
         self.record = RunRecord(run_id, settings, profile, shaped, target,
                                 0 if self.local else len(self.accounts.slots))
         self.stages = StageRecords(run_id)
-        self.live = LiveWindow()
+        self.live = live.for_run(self, profile)
         self.worker_errors = []
         self.flags, self.notes = [], []
         self._ready_nodes = set()
@@ -97,6 +97,7 @@ class Collector:
                                                     master_host=socket.gethostname()))
         self.scraper = Scraper(target, self._on_scrape) if target else None
         self.status_file = StatusFile(settings.status_file, self.status)
+        self.live.start_ticks()
         log.info("servelab: run %s started: profile %s, %d worker(s), target %s", run_id,
                  profile.name, len(self.accounts.slots), target)
 
@@ -146,7 +147,7 @@ class Collector:
             return
         acct.node_id = node_id
         acct.counts(data)
-        self.live.add(data.get("live", ()))
+        self.live.add_batch(data)
         self.writer.batch(node_id, data)
 
     def on_ready(self, node_id: str, data: dict) -> None:
@@ -184,6 +185,7 @@ class Collector:
     def _on_scrape(self, t_unix: float, text: str) -> None:
         if self.active:
             self.writer.metrics(t_unix, text)
+            self.live.add_scrape(t_unix, server_state(text))
 
     # ---- the end --------------------------------------------------------------------------
     def drain_and_finish(self, status: str) -> None:
@@ -211,6 +213,7 @@ class Collector:
 
         if self.scraper is not None:
             self.scraper.stop()
+        self.live.stop_ticks()
         writer = self.writer
         writer.wait_idle(IDLE_WAIT_S)
         workers, notes, sources = self.accounts.settle(self.run_id, self.settings.spool_dir)
@@ -265,8 +268,12 @@ class Collector:
             "stage_started_unix": st.get("started_unix"),
             "users": getattr(self.runner, "user_count", None),
             "produced": self.accounts.produced(), "stored": self.accounts.stored(),
-            "errors": self.live.errors, **self.live.figures(),
+            "errors": self.live.errors, **self.live.headline(),
             "workers": {a.worker: {"produced": a.produced, "stored": a.stored, "lost": a.lost}
                         for a in self.accounts.all()},
             "state": "draining" if self.draining else "running",
         }
+
+    def live_view(self, since: float | None = None) -> dict:
+        """The LLM tab's data: ``live.view_of`` (``since``: only the newer series points)."""
+        return live.view_of(self, since)

@@ -55,7 +55,8 @@ class RunRecord:
             run_id=self.run_id, started_unix=self.started_unix,
             finished_unix=time.time() if status != "running" else None,
             profile_name=p.name, profile_path=str(p.path), profile_text=self.profile_text,
-            load_kind=p.load.kind, target=self.target, variant=s.variant or None,
+            load_kind="manual" if s.mode == "manual" else p.load.kind,
+            target=self.target, variant=s.variant or None,
             hardware=s.hardware or None, model=self.model, gpus=self.gpus, tags=s.tags,
             servelab_version=__version__, workers=self.workers, status=status,
             host_info=self.host_info, flags=[], settings=settings, notes=notes)

@@ -4,7 +4,7 @@ All database work happens in one real OS thread (a gevent ThreadPool of size 1):
 only queues work and waits cooperatively, so a large insert never stalls Locust's heartbeats or
 message handling. Everything queued since the last wake-up is stored in one transaction, then
 each row batch is acknowledged to its worker; a batch number seen before is acknowledged again
-and not stored twice.
+and not stored twice. Others read the file through ``reads.ReadSide`` while the writer holds it.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import gevent
 from gevent.event import Event
 from gevent.queue import Queue
 
+from servelab.loadgen.master.reads import OPEN_LOCK, ReadSide
 from servelab.loadgen.master.scraper import metric_rows
 from servelab.store.db import Store
 
@@ -23,7 +24,8 @@ MAX_ITEMS = 500   # queued items stored in one transaction
 
 
 def _open_store(open_db, db_path: str) -> Store:
-    return Store(open_db(db_path), threads=1)
+    with OPEN_LOCK:   # never while a reader of this process has the file open read-only
+        return Store(open_db(db_path), threads=1)
 
 
 class DbWriter:
@@ -43,6 +45,7 @@ class DbWriter:
         self._idle.set()
         # DatabaseLocked is raised here, before anything is sent to the workers
         self.store = pool.apply(_open_store, (open_db, db_path))
+        self.reads = ReadSide(self.store.con, db_path, run_id)
         self._greenlet = gevent.spawn(self._loop)
 
     # ---- queueing (event loop) ------------------------------------------------------------
@@ -65,7 +68,10 @@ class DbWriter:
 
     def close(self) -> None:
         self._greenlet.kill(block=False)
-        self.pool.apply(self.store.close)
+        try:
+            self.reads.close()
+        finally:
+            self.pool.apply(self.store.close)
 
     def _put(self, item) -> None:
         self._pending += 1

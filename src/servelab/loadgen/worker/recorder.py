@@ -57,7 +57,7 @@ class Recorder:
         self.produced += 1
         self._rows.append(line)
         self._rows_bytes += len(line)
-        self._live.append((row.ttft_ms, _itl_mean(row.chunk_offsets_ms), row.error_kind is None))
+        self._live.append(_live_sample(row))
         if self._rows_bytes >= MAX_BATCH_BYTES:
             self.ship()
 
@@ -75,7 +75,7 @@ class Recorder:
                  "rows": b"".join(self._rows), "n_rows": len(self._rows),
                  "health": b"".join(self._health), "started": self.started,
                  "produced": self.produced,
-                 "live": [list(x) for x in self._live]}
+                 "live": self._live}
         self._rows, self._rows_bytes, self._health, self._live = [], 0, [], []
         self._unacked[self._batch_no] = (time.monotonic(), batch)
         self._send(batch)
@@ -128,7 +128,13 @@ class Recorder:
             self.spool.close()
 
 
-def _itl_mean(offsets) -> float | None:
-    if not offsets or len(offsets) < 2:
-        return None
-    return (offsets[-1] - offsets[0]) / (len(offsets) - 1)
+def _live_sample(row: RequestRow) -> tuple:
+    """The master's live window's view of a request (``master/live_stats.py`` reads it): the
+    row's own lists travel by reference, so this costs a tuple, not a pass over the chunks."""
+    ttft, e2e = row.ttft_ms, row.e2e_ms
+    if ttft is None and row.first_token_unix is not None and row.sent_unix is not None:
+        ttft = 1000.0 * (row.first_token_unix - row.sent_unix)
+    if e2e is None and row.last_token_unix is not None and row.sent_unix is not None:
+        e2e = 1000.0 * (row.last_token_unix - row.sent_unix)
+    return (row.class_name, row.error_kind, ttft, e2e, row.output_tokens, row.chunk_offsets_ms,
+            row.chunk_tokens, row.arrival_status)

@@ -17,10 +17,21 @@ from servelab.sim.engine.kv_sizing import KVPlan, plan_kv_cache
 from servelab.sim.engine.scheduler import Scheduler
 from servelab.sim.engine.sequence import Sequence, Status
 from servelab.sim.engine.spec_decode import SpecDecoder
-from servelab.sim.engine.startup_log import startup_lines
+from servelab.sim.engine.startup_log import dialect
 from servelab.specs.engine_config import EngineConfig
 
 FINISH_REASONS = ("stop", "length", "abort")
+
+
+def _block_manager(config: EngineConfig, plan: KVPlan) -> BlockManager:
+    """Blocks of ``block_size`` tokens; a finer prefix-match granularity (SGLang's page_size 1)
+    keeps its matching but allocates ``kv_page_tokens`` blocks out of the same KV tokens, so the
+    engine does not track one block per token."""
+    match = config.block_size
+    page = max(match, config.kv_page_tokens or match)
+    if page % match:
+        page = match
+    return BlockManager(plan.kv_tokens // page, page, config.enable_prefix_caching, match)
 
 
 class EngineStartupError(ServelabError):
@@ -89,13 +100,14 @@ class Engine:
         self.kv_plan: KVPlan = plan_kv_cache(config)
         if self.kv_plan.errors:
             raise EngineStartupError(self.kv_plan.errors[0])
-        self.startup_log: list[str] = startup_lines(config, self.kv_plan, seed)
+        self.startup_log: list[str] = dialect(config).startup_lines(config, self.kv_plan, seed)
         self.rng = random.Random(seed * 1_000_003 + engine_index)
-        self.block_manager = BlockManager(self.kv_plan.num_blocks, config.block_size,
-                                          config.enable_prefix_caching)
+        self.block_manager = _block_manager(config, self.kv_plan)
         k = config.num_speculative_tokens
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   config.max_model_len, num_lookahead_tokens=k)
+                                   config.max_model_len, num_lookahead_tokens=k,
+                                   mixed=config.mixed_prefill_decode,
+                                   policy=config.schedule_policy)
         self.cost = target_cost_model(config, self.params)
         self.spec = (SpecDecoder(config.speculative, draft_cost_model(config, self.params),
                                  self.params, self.rng)
@@ -233,6 +245,9 @@ class Engine:
         finished_any = False
         caching = bm.enable_caching
         block_size = bm.block_size
+        # Finer matching makes a partly filled block matchable too: the first emission after a
+        # prefill commits even when no block has filled since the last commit (there was none).
+        commit_first = caching and bm.partial
         for seq, new in emitted:
             if seq.first_token_time is None:
                 seq.first_token_time = end
@@ -240,7 +255,8 @@ class Engine:
                 stats.prompt_tokens_total += seq.num_prompt_tokens
             seq.last_token_time = end
             stats.generation_tokens_total += new
-            if caching and seq.num_computed_tokens >= (seq.num_committed_blocks + 1) * block_size:
+            if caching and (seq.num_computed_tokens >= (seq.num_committed_blocks + 1) * block_size
+                            or commit_first and seq.num_committed_blocks == 0):
                 bm.commit(seq)
             if seq.num_output_tokens >= seq.stop_len:
                 reason = seq.stop_reason

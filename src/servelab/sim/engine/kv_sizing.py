@@ -101,6 +101,9 @@ def plan_kv_cache(config: EngineConfig) -> KVPlan:
     act = activation_bytes(config)
     graphs = 0.0 if config.enforce_eager else CUDAGRAPH_GIB * GIB
     non_torch = NON_TORCH_GIB * GIB
+    if not config.memory_fraction_holds_activations:
+        # The fraction holds weights + KV only (SGLang): the rest is reserved beside it.
+        requested = min(total, requested + act + non_torch + graphs)
     available = requested - weights - act - non_torch - graphs
     kvb = kv_bytes_per_token(config)
     bs = config.block_size

@@ -1,9 +1,18 @@
-"""vLLM V1's scheduling policy, one step at a time (vllm/v1/core/sched/scheduler.py).
+"""The engine's scheduling policy, one step at a time.
 
-Decode-first: every running request gets its tokens (1 + draft tokens) within the token budget,
-preempting the newest running request by recompute when blocks run out; then waiting requests
-are admitted FCFS with the leftover budget, their prompts chunked to fit, until a request cannot
-get blocks (waiting requests never preempt anyone) or ``max_num_seqs`` are running.
+Mixed (vLLM V1, vllm/v1/core/sched/scheduler.py; the default): decode-first, every running
+request gets its tokens (1 + draft tokens) within the token budget, preempting the newest running
+request by recompute when blocks run out; then waiting requests are admitted with the leftover
+budget, their prompts chunked to fit, until a request cannot get blocks (waiting requests never
+preempt anyone) or ``max_num_seqs`` are running.
+
+Not mixed (SGLang without --enable-mixed-chunk, managers/scheduler.py get_next_batch_to_run):
+prefill-first, a step runs either a prefill batch (unfinished prompt chunks first, then waiting
+requests, within the chunk budget) or, when there is no prefill to run, the decode batch of
+every running request. Running decodes wait out every prefill step.
+
+The waiting queue is taken in arrival order (``fcfs``) or, with ``lpm``, longest cached prefix
+first while at most ``LPM_MAX_QUEUE`` requests wait (SGLang's schedule_policy.py).
 """
 from __future__ import annotations
 
@@ -12,6 +21,8 @@ from dataclasses import dataclass, field
 
 from servelab.sim.engine.block_manager import BlockManager
 from servelab.sim.engine.sequence import Sequence, Status
+
+LPM_MAX_QUEUE = 128  # schedule_policy.py: beyond this, lpm's prefix matching is skipped (fcfs)
 
 
 @dataclass
@@ -30,7 +41,12 @@ class ScheduledBatch:
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, num_lookahead_tokens: int = 0):
+                 max_model_len: int, num_lookahead_tokens: int = 0, mixed: bool = True,
+                 policy: str = "fcfs"):
+        if policy not in ("fcfs", "lpm"):
+            raise ValueError(f"schedule policy {policy!r}: allowed fcfs, lpm")
+        self.mixed = mixed
+        self.policy = policy
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -68,16 +84,38 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
-        bm = self.block_manager
         budget = self.max_num_batched_tokens
+        if not self.mixed:
+            # A prefill batch runs alone: unfinished prompts first, then new requests.
+            budget = self._schedule_running(batch, budget, prefill_only=True)
+            if not batch.preempted:
+                self._admit_waiting(batch, budget)
+            if batch.seqs or batch.preempted:
+                return batch
+            # The decode batch is every running request: the chunk size bounds prefills only.
+            budget += self.max_num_seqs * (1 + self.num_lookahead_tokens)
+        budget = self._schedule_running(batch, budget)
+        # vLLM admits nobody in a step that had to preempt.
+        if self.mixed and not batch.preempted:
+            self._admit_waiting(batch, budget)
+        return batch
+
+    def _schedule_running(self, batch: ScheduledBatch, budget: int,
+                          prefill_only: bool = False) -> int:
+        """Tokens for running requests (only those still in their prompt when ``prefill_only``);
+        returns the budget left."""
+        bm = self.block_manager
         lookahead = self.num_lookahead_tokens
         limit = self.max_model_len - 1  # vLLM leaves room for the sampled token
         running = self.running
         bs = bm.block_size
-
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
+            # Decoding: one uncomputed token (the last sampled); a prompt or recompute has more.
+            if prefill_only and seq.num_tokens - seq.num_computed_tokens <= 1:
+                i += 1
+                continue
             n = seq.num_tokens_with_spec - seq.num_computed_tokens
             n = min(n, budget, limit - seq.num_computed_tokens)
             if n <= 0:
@@ -98,17 +136,27 @@ class Scheduler:
             batch.num_new_tokens.append(n)
             budget -= n
             i += 1
+        return budget
 
-        # vLLM admits nobody in a step that had to preempt.
-        if batch.preempted:
-            return batch
+    def _order_waiting(self) -> None:
+        """lpm: longest cached prefix first (a stable sort, so ties keep arrival order)."""
+        waiting = self.waiting
+        if self.policy != "lpm" or not 1 < len(waiting) <= LPM_MAX_QUEUE:
+            return
+        match = self.block_manager.match_prefix
+        self.waiting = deque(sorted(waiting, key=lambda seq: -match(seq)[1]))
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        bm = self.block_manager
+        lookahead = self.num_lookahead_tokens
+        running = self.running
+        self._order_waiting()
         waiting = self.waiting
         while waiting and budget > 0 and len(running) < self.max_num_seqs:
             seq = waiting[0]
-            cached = bm.lookup_prefix(seq)
-            hit_tokens = len(cached) * bm.block_size
+            cached, hit_tokens = bm.match_prefix(seq)
             n = min(seq.num_tokens - hit_tokens, budget)
-            if not bm.allocate(seq, n, cached, lookahead):
+            if not bm.allocate(seq, n, cached, lookahead, hit_tokens):
                 break
             waiting.popleft()
             if bm.enable_caching:
@@ -121,7 +169,6 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             budget -= n
-        return batch
 
     def remove(self, seq: Sequence) -> bool:
         """Take a sequence out of either queue (finish or abort), freeing its blocks."""

@@ -11,7 +11,10 @@ The version is the vLLM release whose formats these lines follow, tagged ``+serv
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
+from servelab.sim.engine import startup_log_sglang
 from servelab.sim.engine.kv_sizing import KVPlan
 from servelab.specs.engine_config import EngineConfig
 
@@ -94,3 +97,20 @@ def format_line(line: str, now: float | None = None) -> str:
     if line.startswith("WARNING "):
         return f"WARNING {stamp} [servelab.sim] {line[8:]}"
     return f"INFO {stamp} [servelab.sim] {line}"
+
+
+@dataclass(frozen=True)
+class LogDialect:
+    """How the simulator's log reads for one server kind (``EngineConfig.server_kind``)."""
+    startup_lines: Callable      # (config, plan, seed) -> lines
+    format_line: Callable        # (line) -> the printed line
+    ready_line: str | None       # printed once the server listens (None: vLLM prints none)
+
+
+DIALECTS = {"vllm": LogDialect(startup_lines, format_line, None),
+            "sglang": LogDialect(startup_log_sglang.startup_lines,
+                                 startup_log_sglang.format_line, startup_log_sglang.READY_LINE)}
+
+
+def dialect(config: EngineConfig) -> LogDialect:
+    return DIALECTS[config.server_kind]

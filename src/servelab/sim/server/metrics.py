@@ -282,7 +282,10 @@ class SimCollector(Collector):
             http.add_sample("http_requests_total", labels, float(count))
             http.add_sample("http_requests_created", labels, self.created)
         yield http
+        yield from self.sim_families(fe)
 
+    def sim_families(self, fe):
+        """The simulator's own health families, whatever dialect the server speaks."""
         yield self._gauge("servelab:sim_lag_seconds",
                           "How late the last step's tokens were delivered against the engine's "
                           "schedule.", [f.lag_last for f in fe])

@@ -197,6 +197,16 @@ async def reset_prefix_cache(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
+async def flush_cache(request: web.Request) -> web.Response:
+    """SGLang's /flush_cache (entrypoints/http_server.py, GET or POST, not a development
+    endpoint): empties the prefix cache, or answers 400 while requests still run."""
+    if request.app[SIM].reset_prefix_cache(False):
+        return web.Response(text="Cache flushed.\nPlease check backend logs for more details. "
+                                 "(When there are running or waiting requests, the operation "
+                                 "will not be performed.)\n")
+    return web.Response(status=400, text="Cache not flushed: requests are running.\n")
+
+
 async def sim_requests(request: web.Request) -> web.Response:
     """Finished requests in finishing order: ``?since=EPOCH`` (finished at or after),
     ``?cursor=SEQ`` (seq greater than), ``?limit=N``."""
@@ -258,3 +268,5 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get("/sim/requests", sim_requests)
     if app[SIM].dev_mode:
         app.router.add_post("/reset_prefix_cache", reset_prefix_cache)
+    if app[SIM].kind.reset_prefix_cache_path == "/flush_cache":  # SGLang's, not dev-only
+        app.router.add_route("*", app[SIM].kind.reset_prefix_cache_path, flush_cache)

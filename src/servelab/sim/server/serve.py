@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from servelab.core.procs import write_ready_file
 from servelab.sim.engine.kv_sizing import plan_kv_cache
-from servelab.sim.engine.startup_log import format_line, startup_lines
+from servelab.sim.engine.startup_log import dialect
 from servelab.sim.server.server import SimServer, new_event_loop
 from servelab.specs.engine_config import EngineConfig
 
@@ -32,10 +32,6 @@ class ServeOptions:
     log_stats_interval: float = 5.0
     ready_file: str | None = None
     api_keys: tuple[str, ...] = ()     # --api-key (else $VLLM_API_KEY); never logged
-
-
-def log(line: str) -> None:
-    print(format_line(line), flush=True)
 
 
 def _vllm_error_line(message: str) -> str:
@@ -67,12 +63,18 @@ async def log_stats(server: SimServer, interval_s: float = 5.0, write=print) -> 
 
 
 def serve(config: EngineConfig, instances: int, salt: str | None, opts: ServeOptions) -> int:
-    """Print the start-up log, serve until a signal, shut down; the exit code."""
+    """Print the start-up log (in the dialect of the variant's server kind), serve until a
+    signal, shut down; the exit code."""
+    speaks = dialect(config)
+
+    def log(line: str) -> None:
+        print(speaks.format_line(line), flush=True)
+
     log(f"servelab sim: {config.model.hf_id} on {config.hardware.name} "
         f"(TP={config.tensor_parallel_size}, DP={config.data_parallel_size}, "
         f"instances={instances}, kernel path {config.quant.name})")
     plan = plan_kv_cache(config)
-    for line in startup_lines(config, plan, opts.seed):
+    for line in speaks.startup_lines(config, plan, opts.seed):
         log(line)
     if plan.errors:
         print(_vllm_error_line(plan.errors[0]), file=sys.stderr, flush=True)
@@ -101,6 +103,8 @@ def serve(config: EngineConfig, instances: int, salt: str | None, opts: ServeOpt
                 f"({len(server.api_keys)} key(s))")
         if server.fault_plan.spec.enabled:
             log(f"Fault injection: {opts.faults}")
+        if speaks.ready_line:
+            log(speaks.ready_line)
         if opts.ready_file:
             write_ready_file(opts.ready_file, url)
         if opts.log_stats_interval > 0:

@@ -29,6 +29,7 @@ from servelab.sim.engine.balancer import make_engines
 from servelab.sim.server.auth import authentication, configured_keys
 from servelab.sim.server.faults import FaultPlan, parse_faults
 from servelab.sim.server.metrics import EngineMetrics, MetricsExporter, SimCollector
+from servelab.sim.server.metrics_sglang import SglangCollector
 from servelab.sim.server.openai_api import SIM, add_routes, count_http_requests
 from servelab.sim.server.protocol import ServedModel, SimRequest
 from servelab.sim.server.realtime import EngineDriver
@@ -36,7 +37,8 @@ from servelab.sim.server.stream import ServerRecord, clock
 from servelab.sim.server.spec_hint import acceptance_hint, equivalent_acceptance
 from servelab.sim.server.textgen import OutputText, get_corpus, request_key
 from servelab.sim.server.tokenizer import get_tokenizer
-from servelab.specs.engine_config import EngineConfig, build_engine_config
+from servelab.specs.engine_config import EngineConfig, build_kind_engine_config
+from servelab.specs.server_kinds import server_kind
 
 DEFAULT_HARDWARE = "L40S"
 DEFAULT_MODEL = "Qwen/Qwen2.5-7B-Instruct"
@@ -46,6 +48,8 @@ DEFAULT_DIVERGENCE = {"bf16": 0.0, "fp8-w8a8": 0.002, "fp8-w8a16-marlin": 0.002,
                       "w4a16-marlin": 0.005, "awq-gemm": 0.005, "gptq-exllama": 0.005}
 FP8_KV_DIVERGENCE = 0.001
 INLINE_TOKENIZE_CHARS = 1024
+# /metrics in the dialect of the server kind the simulator stands in for.
+COLLECTORS = {"vllm": SimCollector, "sglang": SglangCollector}
 
 
 def server_dev_mode(environ=os.environ) -> bool:
@@ -104,7 +108,8 @@ class SimServer:
             "sliding_window": "None",
         }
         self.http_requests: dict[tuple[str, str, str], int] = {}  # (handler, method, "2xx")
-        self.exporter = MetricsExporter(SimCollector(
+        self.kind = server_kind(config.server_kind)
+        self.exporter = MetricsExporter(COLLECTORS[config.server_kind](
             config.served_model_name, self.engines, self.frontend, cache_info,
             config.num_speculative_tokens, self.http_requests))
         self.records: list[ServerRecord] = []
@@ -254,9 +259,11 @@ def resolve_config(hardware: str | None = None, model: str | None = None, serve_
                    ) -> tuple[EngineConfig, int, str | None]:
     """(engine config, instances, divergence salt) from a hardware name, a model (HF id) and
     ``vllm serve`` flags, or a variant file whose model, serve_args and instances are used
-    (explicit arguments win; ``serve_args`` go after the variant's, so they override it)."""
+    (explicit arguments win; ``serve_args`` go after the variant's, so they override it, in
+    the variant's server kind's spelling: SGLang's flags for an SGLang variant)."""
     args = list(serve_args)
     salt = None
+    kind = server_kind()
     if variant is not None:
         from servelab.specs.variants import load_variant
 
@@ -265,7 +272,16 @@ def resolve_config(hardware: str | None = None, model: str | None = None, serve_
         args = list(v.serve_args) + args
         instances = instances or v.instances
         salt = v.name
-    config = build_engine_config(hardware or DEFAULT_HARDWARE, model or DEFAULT_MODEL, args)
+        kind = v.kind
+    config = build_kind_engine_config(hardware or DEFAULT_HARDWARE, model or DEFAULT_MODEL, args,
+                                      kind)
+    if config.serve_args.kv_transfer_config is not None:
+        # Serving it as plain engines would show colocated latency under a PD variant's name.
+        raise ServelabError(
+            f"{variant or 'serve args'}: --kv-transfer-config (prefill/decode disaggregation) is "
+            f"modelled in virtual time only: run `servelab predict --variant {variant or 'V'}` "
+            f"or `servelab matrix --backend predict`; the HTTP simulator has no proxy or KV "
+            f"transfer (docs/variants.md, PD)")
     return config, instances or 1, salt
 
 

@@ -114,6 +114,9 @@ class ServerKind:
     engine_args: Callable | None = None
     # The KV pool is a share of the memory free at start (SGLang), not of the GPU's total (vLLM).
     memory_from_free: bool = False
+    # (serve_args) -> EngineConfig fields where the kind schedules unlike vLLM (block_size as the
+    # prefix-match granularity, mixed_prefill_decode, schedule_policy); None: vLLM's defaults.
+    scheduling: Callable | None = None
 
     def __post_init__(self) -> None:
         missing = [c for c in FLAG_CONCEPTS if c not in self.flags]

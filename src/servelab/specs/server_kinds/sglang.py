@@ -14,6 +14,16 @@ Facts from SGLang's own source, release 0.5.21 (the PyPI wheel sglang-0.5.21; th
   - SGLang's docker/compose.yaml (sgl-project/sglang at commit 0b082f520802) sets ``entrypoint:
     python3 -m sglang.launch_server``: the image runs no server by itself. The tag v0.5.21 is one
     users run (found in public deployment notes); 0.5.23 is the newest wheel on PyPI today.
+  - scheduling, where it changes latency (``scheduling`` below; the simulator reads these):
+    arg_groups/fields/schedule.py: --schedule-policy default "fcfs" (choices lpm, random, fcfs,
+    dfs-weight, lof, priority, routing-key, hrrn), --enable-mixed-chunk off, --page-size None,
+    resolved to 1 unless the attention backend needs larger pages (the backend hooks);
+    managers/scheduler.py get_next_batch_to_run: a new prefill batch (get_new_batch_prefill)
+    runs before the running decode batch, and joins it only with --enable-mixed-chunk
+    (mix_with_running); managers/schedule_policy.py _determine_active_policy: lpm falls back
+    to fcfs while more than 128 requests wait; model_runner.py: the default
+    --max-running-requests. (schedule.py read at sgl-project/sglang commit 001b88623b1d, not
+    in the 0.5.21 wheel itself: to be checked against it with the real-GPU captures.)
 The log and /metrics grammar is ``sglang_log``.
 """
 from __future__ import annotations
@@ -32,6 +42,13 @@ ALIASES = {"--model": "--model-path", "--tensor-parallel-size": "--tp-size",
            "--tp": "--tp-size", "--dp": "--dp-size",
            "--speculative-draft-model": "--speculative-draft-model-path"}
 RESERVED_FLAGS = ("--host", "--port", "--model-path")
+SCHEDULE_POLICIES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key",
+                     "hrrn")
+SIMULATED_POLICIES = ("fcfs", "lpm")
+SGLANG_MAX_RUNNING = 4096
+# The simulator allocates pages smaller than this in blocks of this many tokens (matching stays
+# per page): a block per token would cost the engine a block per decoded token.
+SIM_PAGE_TOKENS = 16
 INT_FLAGS = ("--tp-size", "--dp-size", "--pp-size", "--context-length", "--max-running-requests",
              "--max-total-tokens", "--max-prefill-tokens", "--speculative-num-steps",
              "--speculative-num-draft-tokens", "--speculative-eagle-topk", "--page-size")
@@ -110,6 +127,10 @@ def check_args(serve_args: list[str], args: dict, problem) -> None:
     if quant is not None and quant not in QUANTIZATION_METHODS:
         problem(_where(serve_args, "--quantization"), quant,
                 "one of " + ", ".join(QUANTIZATION_METHODS))
+    policy = args.get("--schedule-policy")
+    if policy is not None and policy not in SCHEDULE_POLICIES:
+        problem(_where(serve_args, "--schedule-policy"), policy,
+                "one of " + ", ".join(SCHEDULE_POLICIES))
     algorithm = args.get("--speculative-algorithm")
     if algorithm is not None:
         if not isinstance(algorithm, str) or algorithm.upper() not in sglang_log.SPEC_ALGORITHMS:
@@ -211,6 +232,27 @@ def engine_args(serve_args: list[str], gpu_mib: float | None) -> list[str]:
     return out
 
 
+def scheduling(serve_args: list[str]) -> dict:
+    """SGLang's scheduling where it differs from vLLM's, as engine-config knobs: the radix
+    cache matches prefixes token by token (page_size 1, vLLM: 16-token blocks), a prefill batch
+    runs alone unless --enable-mixed-chunk, and --schedule-policy orders the waiting queue."""
+    from servelab.core.errors import ServelabError
+
+    args = flag_map(serve_args)
+    policy = args.get("--schedule-policy", "fcfs")
+    if policy not in SIMULATED_POLICIES:
+        raise ServelabError(f"serve_args: --schedule-policy {policy}: the simulator models "
+                            f"{' and '.join(SIMULATED_POLICIES)} (SGLang's default is fcfs)")
+    # model_runner.py: max_num_reqs = min(max(pool tokens / context_len x 512, 2048), 4096); the
+    # pool is sized later, so the upper end is taken (it holds from a pool of 8 contexts up).
+    return {"block_size": _int(args, "--page-size") or 1,
+            "kv_page_tokens": SIM_PAGE_TOKENS,
+            "max_num_seqs": _int(args, "--max-running-requests") or SGLANG_MAX_RUNNING,
+            "mixed_prefill_decode": "--enable-mixed-chunk" in args,
+            "memory_fraction_holds_activations": False,
+            "schedule_policy": policy}
+
+
 # The rule's value on an 80 GB GPU (H100, A100) at TP 1, used only where the GPU is not known;
 # preflight always knows it and applies the rule.
 SGLANG_MEMORY_DEFAULT = mem_fraction_static_default(81559)
@@ -233,4 +275,5 @@ SGLANG = ServerKind(
     parse_metrics=sglang_log.parse_metrics, linear_path=sglang_log.linear_path,
     speculative=speculative, required_args=("--enable-metrics",), engine_args=engine_args,
     memory_from_free=True,  # mem_cache/kv_cache_configurator.py _profile_available_bytes
+    scheduling=scheduling,
 )

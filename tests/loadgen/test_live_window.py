@@ -1,0 +1,264 @@
+"""The master's live window against the SQL views on the same rows: the request figures (TTFT,
+token-view ITL, TPOT, tokens/s, goodput and SLO attainment per class, errors by kind), the
+server's state from /metrics scrapes, and the generator's saturation verdict, each computed by
+both sides and compared (agreement, not hand-typed numbers); and the LLM tab in Chromium, against
+a real Locust web UI (the README's command, manual mode) and the simulator, drawing its charts."""
+import math
+import random
+
+import orjson
+import pytest
+
+from servelab.analysis.views import open_results_db
+from servelab.loadgen.master.live import LiveWindow
+from servelab.loadgen.master.scraper import metric_rows, server_figures, server_state
+from servelab.loadgen.worker.recorder import _live_sample
+from servelab.store import runs as run_flags
+from servelab.store.db import Store
+from servelab.store.rows import ClassRow, HealthRow, RequestRow, RunRow, StageRow
+
+T0 = 1_700_000_000.0
+WINDOW = 100.0
+SLOS = {"chat": (300.0, 25.0, 60.0, None), "batch": (None, None, None, 4000.0)}
+
+
+class Clock:
+    def __init__(self, t):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def _requests(rng) -> list[RequestRow]:
+    rows = []
+    for i in range(160):
+        cls = rng.choice(["chat", "batch", "free", None])
+        sent = T0 + rng.uniform(1, 60)
+        ttft = rng.lognormvariate(5, 0.6)
+        n = rng.choice([0, 1, 2, 5, 40, 120])
+        offsets, t = ([], ttft)
+        for _ in range(n):
+            offsets.append(t)
+            t += rng.choice([0.0, rng.expovariate(1 / 20), rng.uniform(50, 400)])
+        tokens = [rng.choice([1, 1, 1, 3, None, 0]) for _ in offsets]
+        if i % 7 == 0:
+            tokens = tokens[: n // 2]           # fewer counts than chunks: the rest weigh 1
+        error = "http_500" if i % 11 == 0 else ("timeout" if i % 17 == 0 else None)
+        out = None if i % 9 == 0 else sum(max(k or 1, 1) for k in tokens) + (n - len(tokens))
+        rows.append(RequestRow(
+            run_id="r", request_id=f"q{i}", worker="w0", worker_seq=i, class_name=cls, stage=0,
+            level=4.0, warmup=False, sent_unix=sent,
+            first_token_unix=sent + offsets[0] / 1000 if offsets else None,
+            last_token_unix=sent + offsets[-1] / 1000 if offsets else None,
+            ttft_ms=(offsets[0] if offsets else None) if i % 5 else None,
+            e2e_ms=(offsets[-1] if offsets else None) if i % 5 else None,
+            chunk_offsets_ms=offsets, chunk_tokens=tokens, output_tokens=out, error_kind=error))
+    for i in range(5):   # open-loop arrivals never sent: counted as dropped, not as requests
+        rows.append(RequestRow(run_id="r", request_id=f"d{i}", worker="w0", worker_seq=200 + i,
+                               class_name="chat", stage=0, warmup=False,
+                               scheduled_unix=T0 + 10 + i, error_kind="dropped",
+                               arrival_status="dropped"))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    con = open_results_db(tmp_path_factory.mktemp("live") / "live.duckdb")
+    store = Store(con)
+    rows = _requests(random.Random(3))
+    store.append_rows("runs", [RunRow("r", started_unix=T0, status="completed")])
+    store.append_rows("run_classes", [ClassRow("r", c, 1.0, *s) for c, s in SLOS.items()])
+    store.append_rows("stages", [StageRow("r", 0, "manual", 4.0, T0, T0, T0, T0 + WINDOW,
+                                          T0 + WINDOW)])
+    store.append_rows("requests", rows)
+    yield con, rows
+    store.close()
+
+
+def _live(rows) -> dict:
+    clock = Clock(T0)
+    live = LiveWindow(SLOS, window_s=WINDOW, clock=clock)
+    samples = [_live_sample(r) for r in rows]
+    clock.t = T0 + 70
+    for i in range(0, len(samples), 16):        # as batches
+        live.add(samples[i:i + 16])
+    clock.t = T0 + WINDOW
+    return live.figures()
+
+
+KEYS = ("requests", "completed", "errors", "dropped", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
+        "itl_p99_ms", "tpot_p50_ms", "e2e_p50_ms", "output_tokens_per_s", "requests_per_s",
+        "goodput", "slo_attainment")
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None or (isinstance(b, float) and math.isnan(b)):
+        return a is None and (b is None or math.isnan(b))
+    return a == pytest.approx(b, rel=1e-9, abs=1e-9)
+
+
+def test_live_figures_agree_with_stage_summary(stored):
+    con, rows = stored
+    live = _live(rows)
+    cur = con.execute("SELECT * FROM stage_summary WHERE run_id = 'r' ORDER BY class_name")
+    names = [d[0] for d in cur.description]
+    sql = {r["class_name"]: r for r in (dict(zip(names, row)) for row in cur.fetchall())}
+    total = sql["(all)"]
+    assert total["requests"] > 100 and total["errors"] > 5 and total["itl_p99_ms"] > 0
+    wrong = {k: (live[k], total[k]) for k in KEYS if not _same(live[k], total[k])}
+    assert not wrong
+    assert live["errors_by_kind"] == total["errors_by_kind"]
+    for cls, figs in live["classes"].items():
+        for key in ("requests", "goodput", "slo_attainment"):
+            assert _same(figs[key], sql[cls][key]), (cls, key)
+        assert figs["slo_met_requests"] == sql[cls]["slo_met_requests"]
+    assert 0 < total["slo_attainment"] < 1          # the SLOs cut: the rule was exercised
+
+
+def _scrape(i: int) -> str:
+    # vLLM's exposition, two engines: gauges summed or averaged, counters summed
+    lines = []
+    for e in (0, 1):
+        lab = f'{{engine="{e}",model_name="m x"}}'
+        lines += [f"vllm:num_requests_running{lab} {3 + e + i % 2}",
+                  f"vllm:num_requests_waiting{lab} {i}",
+                  f"vllm:kv_cache_usage_perc{lab} {0.1 * i + 0.05 * e}",
+                  f"vllm:num_preemptions_total{lab} {i * i + e}",
+                  f"vllm:prefix_cache_queries_total{lab} {100.0 * i}",
+                  f"vllm:prefix_cache_hits_total{lab} {30.0 * i + i * i}",
+                  f"vllm:spec_decode_num_drafts_total{lab} {10.0 * i}",
+                  f"vllm:spec_decode_num_draft_tokens_total{lab} {30.0 * i}",
+                  f"vllm:spec_decode_num_accepted_tokens_total{lab} {12.0 * i + e * i}",
+                  f'vllm:time_to_first_token_seconds_bucket{{le="0.1",engine="{e}"}} 5']
+    return "# HELP x y\n" + "\n".join(lines) + "\n"
+
+
+def test_server_state_agrees_with_server_stage_summary(tmp_path):
+    con = open_results_db(tmp_path / "m.duckdb")
+    store = Store(con)
+    store.append_rows("stages", [StageRow("m", 0, "manual", 1.0, T0, T0, T0, T0 + 10, T0 + 10)])
+    scrapes = [(T0 + 0.5 + i, _scrape(i)) for i in range(6)]
+    for t, text in scrapes:
+        con.execute("INSERT INTO server_metrics SELECT * FROM read_json_auto(?)",
+                    [str(_ndjson(tmp_path, metric_rows("m", t, text)))])
+    live = server_figures([(t, server_state(text)) for t, text in scrapes])
+    (row,) = con.execute("SELECT preemptions_per_s, prefix_cache_hit_rate, spec_acceptance_rate, "
+                         "spec_mean_acceptance_length FROM server_stage_summary").fetchall()
+    assert [live[k] for k in ("preemptions_per_s", "prefix_cache_hit_rate",
+                              "spec_acceptance_rate", "spec_mean_acceptance_length")] == \
+        pytest.approx(list(row), rel=1e-9)
+    (last,) = con.execute("SELECT running, waiting, kv_cache_usage FROM server_timeline "
+                          "ORDER BY t_unix DESC LIMIT 1").fetchall()
+    assert [live["running"], live["waiting"], live["kv_cache_usage"]] == pytest.approx(list(last))
+    store.close()
+
+
+def _ndjson(tmp_path, data: bytes):
+    path = tmp_path / f"m{len(list(tmp_path.iterdir()))}.json"
+    path.write_bytes(data)
+    return path
+
+
+def test_saturation_verdict_is_the_stored_flags_rule(tmp_path):
+    """A worker over the loop-lag limit and one over CPU, one busy host: the live verdict and
+    store/runs.py's saturation() on the same health rows name the same workers and causes."""
+    con = open_results_db(tmp_path / "h.duckdb")
+    store = Store(con)
+    store.append_rows("stages", [StageRow("h", 0, "manual", 1.0, T0, T0, T0, T0 + 10, T0 + 10)])
+    clock = Clock(T0)
+    live = LiveWindow({}, clock=clock)
+    live.stage = lambda: {"stage": 0}
+    shapes = {"w0": dict(loop_lag_p99_ms=2.0, cpu_percent=40.0),
+              "w1": dict(loop_lag_p99_ms=9.0, cpu_percent=60.0),
+              "w2": dict(loop_lag_p99_ms=1.0, cpu_percent=97.0),
+              "w3": dict(loop_lag_p99_ms=12.0, cpu_percent=10.0, host_cpu_percent=99.0)}
+    rows = []
+    for i in range(6):
+        clock.t = T0 + 1 + i
+        for worker, shape in shapes.items():
+            row = HealthRow("h", worker, clock.t, **shape)
+            rows.append(row)
+            live.add_health(worker, orjson.loads(orjson.dumps(row)))
+    store.append_rows("client_health", rows)
+    stored = {s.worker: s.cause for s in run_flags.saturation(con, "h")}
+    view = live.view([])["generator"]
+    shown = {w: v["cause"] for w, v in view["workers"].items() if v["saturated"]}
+    assert shown == stored == {"w1": "generator", "w2": "generator", "w3": "host"}
+    assert view["saturated"] and {t["worker"] for t in view["trips"]} == set(stored)
+    store.close()
+
+
+def test_series_is_bounded_and_json_clean():
+    clock = Clock(T0)
+    live = LiveWindow(SLOS, clock=clock, max_points=50)
+    sample = ("chat", None, 100.0, 900.0, 5, [100.0, 300.0, 500.0, 700.0, 900.0], [1] * 5, None)
+    for i in range(400):
+        clock.t = T0 + i
+        live.add([sample, ("batch", "timeout", None, None, None, [], [], None)])
+    view = live.view([], since=None)
+    series = view["series"]
+    assert len(series["t_unix"]) <= 50 and view["step_s"] > 2.0
+    assert all(len(v) == len(series["t_unix"]) for v in series.values())
+    assert series["ttft_p50_ms"][-1] == 100.0 and series["itl_p50_ms"][-1] > 0
+    assert view["now"]["errors_by_kind"] == {"timeout": 10} and view["errors_total"] == 400
+    orjson.dumps(view, option=orjson.OPT_SERIALIZE_NUMPY)   # JSON-able: no numpy, no NaN
+    assert "NaN" not in orjson.dumps(view).decode()
+    newer = live.view([], since=series["t_unix"][-2])["series"]["t_unix"]
+    assert newer == series["t_unix"][-1:]
+
+
+# ---- the LLM tab in Chromium ---------------------------------------------------------------------
+@pytest.mark.slow
+def test_llm_tab_draws_live_charts_in_chromium(tmp_path):
+    import json
+    import sys
+    import urllib.parse
+    import urllib.request
+
+    from browser import chromium, page_on, screenshot
+    from loadgen_helpers import ROOT, _env, sim, wait_for
+    from servelab.core import procs
+
+    locustfile = ROOT / "loadtests" / "locustfile.py"      # the README's command
+    port = procs.free_port()
+    base = f"http://127.0.0.1:{port}"
+    with sim(tmp_path) as url, chromium() as browser:
+        proc = procs.spawn("locust web UI", [
+            sys.executable, "-m", "locust", "-f", str(locustfile), "--host", url,
+            "--profile", "traffic_profiles/chat.yaml", "--mode", "manual",
+            "--manual-warmup", "2", "--db", str(tmp_path / "t.duckdb"),
+            "--spool-dir", str(tmp_path / "spool"), "--web-port", str(port)],
+            tmp_path / "ui.log", env=_env(), cwd=ROOT)
+        try:
+            proc.wait_http(base + "/", 30)
+            page_html = urllib.request.urlopen(base + "/", timeout=5).read().decode()
+            assert "servelab/static/llm_tab.js" in page_html and '"llm"' in page_html
+            assert urllib.request.urlopen(base + "/servelab/static/uPlot.iife.min.js").status == 200
+            form = urllib.parse.urlencode({"user_count": 4, "spawn_rate": 4, "host": url,
+                                           "profile": "traffic_profiles/chat.yaml",
+                                           "mode": "manual"}).encode()
+            started = json.loads(urllib.request.urlopen(base + "/swarm", data=form).read())
+            assert started["success"], started
+            wait_for(lambda: json.loads(urllib.request.urlopen(base + "/stats/requests").read())
+                     ["state"] == "running", 20, "the run to start")
+            with page_on(browser, base + "/?tab=llm", tmp_path / "console.log") as page:
+                page.wait_for_selector("#servelab-llm [data-chart=ttft]", timeout=15000)
+                for chart in ("ttft", "itl", "tokens", "load", "server"):
+                    page.wait_for_function(
+                        f"document.querySelector('[data-chart={chart}]').dataset.points > 0",
+                        timeout=20000)
+                assert page.locator("#servelab-llm canvas").count() >= 8
+                shot = screenshot(page, tmp_path, "llm_tab", for_docs=True)
+                assert shot.stat().st_size > 20000
+                page.get_by_role("tab", name="Statistics").click()
+                page.wait_for_selector("th:has-text('E2E median (ms)')", timeout=5000)
+                assert page.locator("th:has-text('Avg output tokens')").count() == 1
+                assert page.locator("#servelab-llm").is_hidden()
+            live = json.loads(urllib.request.urlopen(base + "/servelab/api/live").read())
+            assert live["now"]["completed"] > 0 and live["now"]["output_tokens_per_s"] > 0
+            assert live["server"]["kv_cache_usage"] is not None and live["stages"]
+            assert live["now"]["users"] == 4 and live["now"]["in_flight"] is not None
+            urllib.request.urlopen(base + "/stop", data=b"").read()
+        finally:
+            proc.stop(30)
