@@ -7,7 +7,12 @@
 --               name, read only when kv_usage is absent);
 --               counters (ending in _total): preemptions_total, prompt_tokens_total,
 --               generation_tokens_total, prefix_cache_queries_total, prefix_cache_hits_total (both
---               in tokens), spec_drafts_total, spec_draft_tokens_total, spec_accepted_tokens_total.
+--               in tokens), spec_drafts_total, spec_draft_tokens_total, spec_accepted_tokens_total;
+--               the CPU KV-offload tier (vLLM's OffloadingConnector, --kv-offloading-size):
+--               offload_queries_total, offload_hits_total (vllm:external_prefix_cache_*, tokens
+--               the connector was asked for / found after the GPU prefix cache missed) and
+--               offload_bytes_total (vllm:kv_offload_total_bytes, one series per transfer_type:
+--               CPU_to_GPU loads, GPU_to_CPU stores; the views tell them apart by that label).
 --   exposed   = the metric name as the server writes it; server_series also matches the spelling
 --               with the first ':' written '_' (what a Prometheus-style relabelling scraper stores).
 -- A sample is matched on its name alone, so the names of different kinds must not collide (each
@@ -35,6 +40,9 @@ SELECT * FROM (VALUES
     ('vllm', 'spec_drafts_total', 'vllm:spec_decode_num_drafts_total'),
     ('vllm', 'spec_draft_tokens_total', 'vllm:spec_decode_num_draft_tokens_total'),
     ('vllm', 'spec_accepted_tokens_total', 'vllm:spec_decode_num_accepted_tokens_total'),
+    ('vllm', 'offload_queries_total', 'vllm:external_prefix_cache_queries_total'),
+    ('vllm', 'offload_hits_total', 'vllm:external_prefix_cache_hits_total'),
+    ('vllm', 'offload_bytes_total', 'vllm:kv_offload_total_bytes_total'),
     ('sglang', 'running', 'sglang:num_running_reqs'),
     ('sglang', 'waiting', 'sglang:num_queue_reqs'),
     ('sglang', 'kv_usage', 'sglang:token_usage'),

@@ -15,6 +15,13 @@
 --                          / delta(spec_draft_tokens_total);
 --   spec_mean_acceptance_length = 1 + delta(accepted tokens) / delta(spec_drafts_total)
 --     (the 1 is the bonus token every verification step yields), as vLLM's own log line.
+--   CPU KV offload (NULL without a tier): offload_queries, offload_hits = sum delta of
+--     offload_queries_total / offload_hits_total (tokens); offload_hit_rate = hits / queries
+--     (of the tokens asked for, the share the CPU tier served); prefix_hit_rate_any_tier =
+--     (prefix_cache_hits + offload_hits) / prefix_cache_queries (vLLM counts both queries over
+--     every prompt token, so this is the share of prompt tokens not recomputed);
+--     offload_load_bytes / offload_store_bytes = sum delta of offload_bytes_total in the series
+--     labelled transfer_type CPU_to_GPU / GPU_to_CPU, and their per-second rates.
 --   sample_unix = the last sample time in the second. stage = the latest stage started at or
 --   before sample_unix, NULL once that stage has ended; measured = sample_unix lies in that
 --   stage's [measure_start_unix, measure_end_unix). t_rel_s = t_unix - runs.started_unix.
@@ -40,7 +47,17 @@ WITH per_second AS (
         sum(delta) FILTER (WHERE metric = 'prefix_cache_hits_total') AS prefix_cache_hits,
         sum(delta) FILTER (WHERE metric = 'spec_drafts_total') AS spec_drafts,
         sum(delta) FILTER (WHERE metric = 'spec_draft_tokens_total') AS spec_draft_tokens,
-        sum(delta) FILTER (WHERE metric = 'spec_accepted_tokens_total') AS spec_accepted_tokens
+        sum(delta) FILTER (WHERE metric = 'spec_accepted_tokens_total') AS spec_accepted_tokens,
+        sum(delta) FILTER (WHERE metric = 'offload_queries_total') AS offload_queries,
+        sum(delta) FILTER (WHERE metric = 'offload_hits_total') AS offload_hits,
+        sum(delta) FILTER (WHERE metric = 'offload_bytes_total'
+                           AND contains(lower(series), 'transfer_type=cpu_to_gpu')) AS offload_load_bytes,
+        sum(delta / dt_s) FILTER (WHERE metric = 'offload_bytes_total'
+                           AND contains(lower(series), 'transfer_type=cpu_to_gpu')) AS offload_load_bytes_per_s,
+        sum(delta) FILTER (WHERE metric = 'offload_bytes_total'
+                           AND contains(lower(series), 'transfer_type=gpu_to_cpu')) AS offload_store_bytes,
+        sum(delta / dt_s) FILTER (WHERE metric = 'offload_bytes_total'
+                           AND contains(lower(series), 'transfer_type=gpu_to_cpu')) AS offload_store_bytes_per_s
     FROM server_series
     GROUP BY run_id, second
 )
@@ -69,7 +86,16 @@ SELECT
     p.spec_draft_tokens,
     p.spec_accepted_tokens,
     servelab_share(p.spec_accepted_tokens, p.spec_draft_tokens) AS spec_acceptance_rate,
-    servelab_acceptance_length(p.spec_accepted_tokens, p.spec_drafts) AS spec_mean_acceptance_length
+    servelab_acceptance_length(p.spec_accepted_tokens, p.spec_drafts) AS spec_mean_acceptance_length,
+    p.offload_queries,
+    p.offload_hits,
+    servelab_share(p.offload_hits, p.offload_queries) AS offload_hit_rate,
+    servelab_share(p.prefix_cache_hits + p.offload_hits, p.prefix_cache_queries)
+        AS prefix_hit_rate_any_tier,
+    p.offload_load_bytes,
+    p.offload_load_bytes_per_s,
+    p.offload_store_bytes,
+    p.offload_store_bytes_per_s
 FROM per_second p
 LEFT JOIN runs ru ON ru.run_id = p.run_id
 ASOF LEFT JOIN stages s

@@ -13,6 +13,10 @@
 --     prefix_cache_hit_rate = increase(hits) / increase(queries);
 --     spec_acceptance_rate = increase(accepted tokens) / increase(draft tokens);
 --     spec_mean_acceptance_length = 1 + increase(accepted tokens) / increase(drafts).
+--     CPU KV offload (NULL without a tier): offload_queries, offload_hits, offload_hit_rate,
+--     prefix_hit_rate_any_tier as in server_timeline but over the window's increases;
+--     offload_load_bytes / offload_store_bytes = increase(offload_bytes_total) of the
+--     transfer_type CPU_to_GPU / GPU_to_CPU series, and each / span_s.
 --   A stage with fewer than two scrapes in its window has no counter figures (NULL).
 CREATE OR REPLACE VIEW server_stage_summary AS
 WITH
@@ -63,7 +67,13 @@ counters AS (
         sum(increase) FILTER (WHERE metric = 'prefix_cache_hits_total') AS prefix_cache_hits,
         sum(increase) FILTER (WHERE metric = 'spec_drafts_total') AS spec_drafts,
         sum(increase) FILTER (WHERE metric = 'spec_draft_tokens_total') AS spec_draft_tokens,
-        sum(increase) FILTER (WHERE metric = 'spec_accepted_tokens_total') AS spec_accepted_tokens
+        sum(increase) FILTER (WHERE metric = 'spec_accepted_tokens_total') AS spec_accepted_tokens,
+        sum(increase) FILTER (WHERE metric = 'offload_queries_total') AS offload_queries,
+        sum(increase) FILTER (WHERE metric = 'offload_hits_total') AS offload_hits,
+        sum(increase) FILTER (WHERE metric = 'offload_bytes_total'
+                              AND contains(lower(series), 'transfer_type=cpu_to_gpu')) AS offload_load_bytes,
+        sum(increase) FILTER (WHERE metric = 'offload_bytes_total'
+                              AND contains(lower(series), 'transfer_type=gpu_to_cpu')) AS offload_store_bytes
     FROM per_series
     WHERE samples >= 2
     GROUP BY run_id, stage
@@ -92,7 +102,16 @@ SELECT
     c.spec_draft_tokens,
     c.spec_accepted_tokens,
     servelab_share(c.spec_accepted_tokens, c.spec_draft_tokens) AS spec_acceptance_rate,
-    servelab_acceptance_length(c.spec_accepted_tokens, c.spec_drafts) AS spec_mean_acceptance_length
+    servelab_acceptance_length(c.spec_accepted_tokens, c.spec_drafts) AS spec_mean_acceptance_length,
+    c.offload_queries,
+    c.offload_hits,
+    servelab_share(c.offload_hits, c.offload_queries) AS offload_hit_rate,
+    servelab_share(c.prefix_cache_hits + c.offload_hits, c.prefix_cache_queries)
+        AS prefix_hit_rate_any_tier,
+    c.offload_load_bytes,
+    c.offload_load_bytes / nullif(c.span_s, 0) AS offload_load_bytes_per_s,
+    c.offload_store_bytes,
+    c.offload_store_bytes / nullif(c.span_s, 0) AS offload_store_bytes_per_s
 FROM stages s
 LEFT JOIN gauges g ON g.run_id = s.run_id AND g.stage = s.stage
 LEFT JOIN counters c ON c.run_id = s.run_id AND c.stage = s.stage;

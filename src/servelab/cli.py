@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "servelab.commands.sim",
     "servelab.commands.run",
     "servelab.commands.analysis",
+    "servelab.commands.calibrate",
 ]
 
 

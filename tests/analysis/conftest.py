@@ -87,12 +87,13 @@ def _chromium() -> str:
 
 def _page_state(page: Path, profile: Path) -> dict[str, str]:
     """Load the page in headless Chromium and read back what its inline script recorded on <body>
-    (analysis.report.PAGE_SCRIPT: data-ready, data-images "loaded/total", data-script-errors, ...)."""
+    (analysis.report.PAGE_SCRIPT: data-ready, data-images "loaded/total", data-script-errors, ...);
+    the whole DOM Chromium built is under the key "dom"."""
     out = subprocess.run([_chromium(), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", page.as_uri()],
                          capture_output=True, text=True, timeout=90)
     body = re.search(r"<body([^>]*)>", out.stdout)
     assert body, f"chromium printed no DOM (rc {out.returncode}): {out.stderr[-2000:]}"
-    return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body.group(1)))
+    return {**dict(re.findall(r'data-([a-z-]+)="([^"]*)"', body.group(1))), "dom": out.stdout}
 
 
 @pytest.fixture()

@@ -30,8 +30,8 @@ def test_report_of_a_simulator_run_opens_in_chromium(tmp_path, page_state):
     assert report.returncode == 0, report.stdout[-3000:] + report.stderr[-3000:]
 
     pngs = sorted(p.name for p in out.glob("*.png"))
-    assert pngs == ["itl_cdf.png", "latency_vs_load.png", "pareto.png", "throughput_vs_load.png",
-                    "timeline_1.png"]
+    assert pngs == ["cdf_overlay.png", "latency_vs_load.png", "pareto.png", "slo_attainment_vs_load.png",
+                    "throughput_vs_load.png", "timeline_1.png"]
     for name in pngs:
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     html = (out / "report.html").read_text()

@@ -66,7 +66,6 @@ def test_every_behaviour_has_its_kind_over_repeats(tmp_path):
 @pytest.mark.slow
 def test_timing_behaviours_and_ten_repeats(tmp_path):
     run_behaviours(tmp_path, sorted(SLOW), repeat=3)
-    run_behaviours(tmp_path, FAST, repeat=3)
     run_behaviours(tmp_path, FAST, repeat=10)
 
 

@@ -87,8 +87,11 @@ def test_piece_sums_equal_whole_counts_with_a_qwen_style_tokenizer(tmp_path, end
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("endpoint", ["completions", "chat"])
-def test_a_real_run_against_the_simulator_is_exact_on_1000_requests(tmp_path, endpoint):
+# Chat at the issue's 1,000 requests; completions (the same builder without the chat template,
+# which the piece-sum test above checks on 1,000) on a shorter run, to keep the suite's time.
+@pytest.mark.parametrize("endpoint, hold, at_least", [("completions", "5s", 300),
+                                                      ("chat", "14s", 1000)])
+def test_a_real_run_against_the_simulator_is_exact(tmp_path, endpoint, hold, at_least):
     """`servelab run` against the simulator (its /tokenize: the server counter), every stored row:
     planned prompt_tokens_target == the server's usage prompt_tokens."""
     import duckdb
@@ -96,7 +99,7 @@ def test_a_real_run_against_the_simulator_is_exact_on_1000_requests(tmp_path, en
     from servelab.orchestration.runner import RunOptions, run_profile
 
     path = tmp_path / "p.yaml"
-    path.write_text(PROFILE.format(endpoint=endpoint, hold="14s"))
+    path.write_text(PROFILE.format(endpoint=endpoint, hold=hold))
     result = run_profile(RunOptions(profile=path, db=tmp_path / "r.duckdb", quiet=True,
                                     hardware="H200", run_id=f"exact-{endpoint}"))
     assert result.status == "completed"
@@ -105,4 +108,4 @@ def test_a_real_run_against_the_simulator_is_exact_on_1000_requests(tmp_path, en
                        "prompt_tokens_target), any_value(token_source) FROM requests "
                        "WHERE error_kind IS NULL").fetchone()
     con.close()
-    assert rows[0] >= 1000 and rows[1] == 0, rows
+    assert rows[0] >= at_least and rows[1] == 0, rows

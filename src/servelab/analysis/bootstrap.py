@@ -3,6 +3,12 @@
 ``load_stage`` reads, per run, the counted requests of ``request_metrics`` (ok, slo_met, ttft_ms,
 tpot_ms, e2e_ms: the view's definitions, not re-derived), their chunk gaps from ``itl_chunks``
 (itl_ms and its token weight) and the window and in-window tokens from ``stage_summary``.
+``load_stages`` reads the same rows for every run and stage of a comparison in three queries, and
+takes ITL from each request's DDSketch (``itl_sketches``, token view) instead of its chunk gaps: a
+request becomes a row of bucket counts, so a resample's merged sketch is one matrix product
+(request multiplicities x bucket counts) and its percentiles are read from the buckets as
+``itl_stage_quantiles`` reads them (within 1%, the view's own method; point and interval then agree
+with stage_summary's sketched figure). ``load_stage`` keeps the exact gaps for ``--exact``.
 ``Estimator`` then evaluates the compared metrics over weighted copies of those rows: all
 weights 1 gives the pooled figure of a group of repeats; a resample (runs drawn, then requests
 within each drawn run) gives one bootstrap replicate. For one run with all weights 1 the figures
@@ -41,6 +47,10 @@ class StageData:
     itl_values: np.ndarray  # per chunk gap: gap / tokens
     itl_request: np.ndarray  # index of the gap's request in the pooled arrays
     itl_tokens: np.ndarray  # tokens of the chunk (the gap's weight)
+    # Sketched ITL (load_stages): the stage's buckets' values, ascending, and per request its
+    # count in each bucket (requests x buckets); None where the exact gaps above are used.
+    itl_bin_values: np.ndarray | None = None
+    itl_bins: np.ndarray | None = None
 
 
 def load_stage(con: duckdb.DuckDBPyConnection, run_ids: list[str], stage: int, class_name: str) -> StageData:
@@ -96,6 +106,87 @@ def load_stage(con: duckdb.DuckDBPyConnection, run_ids: list[str], stage: int, c
     )
 
 
+def load_stages(con: duckdb.DuckDBPyConnection, groups: list[list[str]], class_name: str) -> dict[tuple[int, int], StageData]:
+    """(group index, stage) -> the group's StageData at that stage, with ITL sketched, for every
+    stage any of its runs has: the same rows as load_stage, read for all runs at once."""
+    run_ids = [r for g in groups for r in g]
+    class_filter = "" if class_name == "(all)" else "AND coalesce(class_name, '(none)') = ?"
+    extra = [] if class_name == "(all)" else [class_name]
+    req = con.execute(
+        "SELECT run_id, stage, ok, slo_met, ttft_ms, tpot_ms, e2e_ms FROM request_metrics "
+        f"WHERE list_contains(?, run_id) AND measured AND NOT dropped {class_filter} "
+        "ORDER BY run_id, stage, request_id", [run_ids, *extra]).fetchnumpy()
+    # Each request's buckets, tagged with its position among its run's stage's requests (the
+    # order above), with the value a bucket stands for from the view's own macro.
+    bins = con.execute(
+        f"""WITH r AS (
+                SELECT run_id, request_id, stage, ok,
+                       row_number() OVER (PARTITION BY run_id, stage ORDER BY request_id) - 1 AS idx
+                FROM request_metrics
+                WHERE list_contains(?, run_id) AND measured AND NOT dropped {class_filter}),
+            b AS (
+                SELECT r.run_id, r.stage, r.idx, unnest(map_keys(s.token_sketch)) AS bin,
+                       unnest(map_values(s.token_sketch)) AS n
+                FROM itl_sketches s JOIN r USING (run_id, request_id) WHERE r.ok AND s.gaps > 0)
+            SELECT run_id, stage, idx, bin, servelab_sketch_value(bin) AS value, n FROM b""",
+        [run_ids, *extra]).fetchnumpy()
+    summary = {(r, st): (w, t) for r, st, w, t in con.execute(
+        "SELECT run_id, stage, window_s, output_tokens_in_window FROM stage_summary "
+        "WHERE list_contains(?, run_id) AND class_name = ?", [run_ids, class_name]).fetchall()}
+    stage_list = sorted({st for _, st in summary} | set(np.unique(np.asarray(req["stage"])).tolist()))
+    req_key = _keys(req["run_id"], req["stage"])
+    bin_key = _keys(bins["run_id"], bins["stage"])
+    out = {}
+    for gi, members in enumerate(groups):
+        for stage in stage_list:
+            if not any((r, stage) in summary for r in members):
+                continue
+            out[(gi, stage)] = _stage_from_rows(members, stage, req, req_key, bins, bin_key, summary)
+    return out
+
+
+def _keys(run_col, stage_col) -> np.ndarray:
+    return np.array([f"{r}\x00{s}" for r, s in zip(np.asarray(run_col), np.asarray(stage_col))], dtype=object)
+
+
+def _stage_from_rows(members, stage, req, req_key, bins, bin_key, summary) -> StageData:
+    sizes, windows, tokens, picks, bin_parts = [], [], [], [], []
+    offset = 0
+    for run_id in members:
+        key = f"{run_id}\x00{stage}"
+        rows = np.nonzero(req_key == key)[0]
+        window, in_window = summary.get((run_id, stage), (None, None))
+        windows.append(window if window else np.nan)
+        tokens.append(in_window or 0.0)
+        sizes.append(rows.size)
+        picks.append(rows)
+        b = np.nonzero(bin_key == key)[0]
+        bin_parts.append((np.asarray(bins["idx"])[b].astype(np.int64) + offset, np.asarray(bins["bin"])[b],
+                          np.asarray(bins["value"], dtype=float)[b], np.asarray(bins["n"], dtype=float)[b]))
+        offset += rows.size
+    take = np.concatenate(picks) if picks else np.zeros(0, dtype=np.int64)
+
+    def column(name):
+        return np.ma.filled(np.ma.asarray(req[name], dtype=float), np.nan)[take]
+
+    def flag(name):
+        return np.ma.filled(np.ma.asarray(req[name]), False).astype(bool)[take]
+
+    idx = np.concatenate([p[0] for p in bin_parts])
+    codes = np.concatenate([p[1] for p in bin_parts]).astype(np.int64)
+    values = np.concatenate([p[2] for p in bin_parts])
+    counts = np.concatenate([p[3] for p in bin_parts])
+    # Bucket codes sort as their values do (negative codes below zero's, zero's below positive).
+    uniq, first, col = np.unique(codes, return_index=True, return_inverse=True)
+    matrix = np.zeros((offset, uniq.size))
+    np.add.at(matrix, (idx, col), counts)
+    return StageData(
+        run_sizes=sizes, windows=np.array(windows, dtype=float), window_tokens=np.array(tokens, dtype=float),
+        ok=flag("ok"), slo_met=flag("slo_met"), columns={k: column(k) for k in ("ttft_ms", "tpot_ms", "e2e_ms")},
+        itl_values=np.zeros(0), itl_request=np.zeros(0, dtype=np.int64), itl_tokens=np.zeros(0, dtype=np.int64),
+        itl_bin_values=values[first], itl_bins=matrix)
+
+
 class Estimator:
     """Every compared metric of one group at one stage, for the original sample (all weights 1,
     every run once) or for a bootstrap resample (request and run multiplicities)."""
@@ -121,7 +212,11 @@ class Estimator:
             if column == "itl" and not itl:
                 out[metric] = np.full(request_counts.shape[0], np.nan)
                 continue
-            if column == "itl":
+            if column == "itl" and d.itl_bins is not None:
+                # A resample's merged sketch: each bucket's count summed over the drawn requests.
+                values = d.itl_bin_values
+                weights = np.rint(request_counts.astype(float) @ d.itl_bins).astype(np.int64)
+            elif column == "itl":
                 values, req, k = self.itl_sorted
                 weights = request_counts[:, req] * k[None, :]
             else:
@@ -156,8 +251,12 @@ class Estimator:
             size = self.data.run_sizes[j]
             if size == 0:
                 continue
-            for b in np.nonzero(run_counts[:, j])[0]:
-                request_counts[b, starts[j]:starts[j + 1]] = rng.multinomial(run_counts[b, j] * size, np.full(size, 1 / size))
+            # All resamples that drew run j equally often draw its requests in one call.
+            for times in np.unique(run_counts[:, j]):
+                rows = np.nonzero(run_counts[:, j] == times)[0]
+                if times:
+                    request_counts[rows, starts[j]:starts[j + 1]] = rng.multinomial(
+                        times * size, np.full(size, 1 / size), size=rows.size)
         # Weighted quantiles build (batch x samples) matrices: keep each batch near 4M cells. The ITL
         # percentiles read every chunk gap per resample, so a stage with millions of gaps gets
         # fewer ITL resamples (at least 50; about 4e8 cell operations in all).

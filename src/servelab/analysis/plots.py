@@ -1,7 +1,9 @@
-"""The report's figures (matplotlib, Agg backend), each drawn from the SQL views.
+"""The report's load-sweep and distribution figures (matplotlib, Agg backend), each drawn from
+rows the report fetched once from the SQL views (report_data.py); nothing here queries.
 
-Every function takes already-fetched rows (lists of dicts) and a path, writes one PNG and
-returns it; nothing here queries the database, so the figures show exactly the view figures.
+Every function writes one PNG and returns (path, facts): facts are read back from the drawn axes
+(scale, series per panel, the SLO line), so the page and its tests state what the figure shows,
+not what it was asked to show. A panel with nothing to draw says why inside the figure.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter  # noqa: E402
+from matplotlib.ticker import (FixedLocator, LogLocator, NullFormatter, NullLocator,  # noqa: E402
+                               ScalarFormatter)
 
 DPI = 110
 
@@ -29,6 +32,25 @@ def _save(fig, path: Path, tight: bool = True) -> Path:
     return path
 
 
+def _empty(ax, why: str) -> None:
+    ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True,
+            color="#5b6477")
+
+
+def _load_axis(ax, levels: set[float], kinds: set[str]) -> str:
+    """Load on a log2 axis (sweeps double: 1, 2, 4, ... 300), ticked at the levels run; a linear
+    axis when a level is 0 or negative (log cannot show it). Returns the scale used."""
+    ax.set_xlabel(_load_label(kinds))
+    positive = sorted(v for v in levels if v > 0)
+    if not positive or len(positive) < len(levels):
+        return ax.get_xscale()
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(positive))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([f"{v:g}" for v in positive], fontsize=7)
+    return "log2"
+
+
 def _load_label(kinds: set[str]) -> str:
     if kinds <= {"concurrency"}:
         return "concurrency (users)"
@@ -42,52 +64,98 @@ def _series(rows: list[dict], key: str):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def throughput_vs_load(series: dict[str, list[dict]], path: Path) -> Path:
+def _levels_kinds(series: dict[str, list[dict]]) -> tuple[set[float], set[str]]:
+    levels = {r["level"] for rows in series.values() for r in rows if _finite(r["level"])}
+    return levels, {r["kind"] for rows in series.values() for r in rows if r.get("kind")}
+
+
+def throughput_vs_load(series: dict[str, list[dict]], path: Path) -> tuple[Path, dict]:
     """series: label -> stage_summary '(all)' rows of one run. Goodput on a second axis."""
     fig, ax = plt.subplots(figsize=(7, 4))
     good = ax.twinx()
-    kinds = set()
+    levels, kinds = _levels_kinds(series)
     for i, (label, rows) in enumerate(series.items()):
-        kinds |= {r["kind"] for r in rows if r["kind"]}
         x, y = _series(rows, "output_tokens_per_s")
         ax.plot(x, y, marker="o", color=f"C{i % 10}", label=label)
         x, y = _series(rows, "goodput")
         good.plot(x, y, marker="x", linestyle=":", color=f"C{i % 10}", alpha=0.7, label=f"{label} goodput")
-    ax.set_xlabel(_load_label(kinds))
+    scale = _load_axis(ax, levels, kinds)
+    if not levels:
+        _empty(ax, "no stage has a load level with requests")
     ax.set_ylabel("output tokens/s (solid)")
     good.set_ylabel("goodput, requests/s meeting every SLO (dotted)")
     ax.set_title("Throughput and goodput vs load (measured windows)")
     ax.grid(alpha=0.3)
     handles = ax.get_legend_handles_labels()
     extra = good.get_legend_handles_labels()
-    ax.legend(handles[0] + extra[0], handles[1] + extra[1], loc="upper left", fontsize=7)
-    return _save(fig, path)
+    if handles[0]:
+        ax.legend(handles[0] + extra[0], handles[1] + extra[1], loc="upper left", fontsize=7)
+    return _save(fig, path), {"xscale": scale, "series": len(ax.get_lines())}
 
 
-def latency_vs_load(series: dict[str, list[dict]], path: Path, ttft_slo_ms: float | None = None) -> Path:
+def _slo_line(ax, slo: float | None, name: str) -> str:
+    """The SLO as a line when it falls inside the data's range; else a note at the edge it lies
+    beyond, so the panel stays scaled to the data (an SLO far above would flatten every curve)."""
+    if not slo:
+        return "none"
+    lo, hi = ax.get_ylim()
+    if lo <= slo <= hi:
+        ax.axhline(slo, color="red", linewidth=1, linestyle=":", label=f"{name} SLO {slo:g} ms")
+        ax.set_ylim(lo, hi)
+        return "line"
+    above = slo > hi
+    ax.annotate(f"{name} SLO {slo:g} ms {'above' if above else 'below'} this range",
+                (0.99, 0.98 if above else 0.02), xycoords="axes fraction", ha="right",
+                va="top" if above else "bottom", fontsize=7, color="red")
+    return "above" if above else "below"
+
+
+def latency_vs_load(series: dict[str, list[dict]], path: Path, slos: dict[str, float | None]) -> tuple[Path, dict]:
+    """TTFT and ITL p50 (solid) and p99 (dashed) per level; slos: {'ttft': ms, 'itl': ms}."""
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    kinds = set()
+    levels, kinds = _levels_kinds(series)
     for i, (label, rows) in enumerate(series.items()):
-        kinds |= {r["kind"] for r in rows if r["kind"]}
         color = f"C{i % 10}"
         for ax, metric in ((a1, "ttft"), (a2, "itl")):
             x, y = _series(rows, f"{metric}_p50_ms")
             ax.plot(x, y, marker="o", color=color, label=f"{label} p50")
             x, y = _series(rows, f"{metric}_p99_ms")
             ax.plot(x, y, marker="s", linestyle="--", color=color, label=f"{label} p99")
-    if ttft_slo_ms:
-        a1.axhline(ttft_slo_ms, color="red", linewidth=1, linestyle=":", label=f"TTFT SLO {ttft_slo_ms:g} ms")
-    a1.set_title("TTFT p50 / p99 vs load")
-    a2.set_title("ITL p50 / p99 vs load (per-token view)")
-    for ax in (a1, a2):
-        ax.set_xlabel(_load_label(kinds))
+    facts = {}
+    for ax, metric, name in ((a1, "ttft", "TTFT"), (a2, "itl", "ITL")):
+        facts["xscale"] = _load_axis(ax, levels, kinds)
+        if not any(len(line.get_xdata()) for line in ax.get_lines()):
+            _empty(ax, f"no {name} figures: no stage completed a request" + (" with two chunks" if metric == "itl" else ""))
+        facts[f"{metric}_slo"] = _slo_line(ax, slos.get(metric), name)
         ax.set_ylabel("ms")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    return _save(fig, path)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    a1.set_title("TTFT p50 / p99 vs load")
+    a2.set_title("ITL p50 / p99 vs load (per-token view)")
+    return _save(fig, path), facts
 
 
-def pareto(series: dict[str, list[dict]], path: Path) -> Path:
+def attainment_vs_load(series: dict[str, list[dict]], path: Path, target: float) -> tuple[Path, dict]:
+    """SLO attainment per level, with the frontier's target line."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    levels, kinds = _levels_kinds(series)
+    for i, (label, rows) in enumerate(series.items()):
+        x, y = _series(rows, "slo_attainment")
+        ax.plot(x, [100 * v for v in y], marker="o", color=f"C{i % 10}", label=label)
+    scale = _load_axis(ax, levels, kinds)
+    if not levels:
+        _empty(ax, "no stage has a load level with requests")
+    ax.axhline(100 * target, color="red", linewidth=1, linestyle=":", label=f"target {target:.0%}")
+    ax.set_ylim(-3, 103)
+    ax.set_ylabel("SLO attainment (% of requests meeting every SLO)")
+    ax.set_title("SLO attainment vs load")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    return _save(fig, path), {"xscale": scale, "series": len(series)}
+
+
+def pareto(series: dict[str, list[dict]], path: Path) -> tuple[Path, dict]:
     """Output tokens/s per GPU (system) against output tokens/s per user (1000 / mean TPOT)."""
     fig, ax = plt.subplots(figsize=(7, 5))
     points = []
@@ -109,102 +177,51 @@ def pareto(series: dict[str, list[dict]], path: Path) -> Path:
     if len(frontier) > 1:
         ax.plot([p[0] for p in frontier], [p[1] for p in frontier], color="grey", linewidth=3, alpha=0.3,
                 label="Pareto frontier")
+    if not points:
+        _empty(ax, "no stage has both tokens/s per user (needs TPOT) and per GPU (needs runs.gpus)")
     ax.set_xlabel("output tokens/s per user (1000 / mean TPOT)")
     ax.set_ylabel("output tokens/s per GPU")
     ax.set_title("Latency-throughput trade-off (labels: load level)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    if points:
+        ax.legend(fontsize=8)
+    return _save(fig, path), {"series": len({p for p in series if series[p]}), "points": len(points)}
 
 
-def itl_cdf(curves: dict[str, dict[str, list[tuple[float, float]]]], path: Path) -> Path:
-    """curves: run label -> {line label -> [(ms, cumulative share)]}; one panel per run."""
-    n = max(len(curves), 1)
-    fig, axes = plt.subplots(1, n, figsize=(5.5 * n, 4), squeeze=False)
-    for ax, (run_label, lines) in zip(axes[0], curves.items()):
-        bases = list(dict.fromkeys(k.replace(" (chunk view)", "") for k in lines))
-        for line_label, pts in lines.items():
-            chunk = line_label.endswith(" (chunk view)")
-            color = f"C{bases.index(line_label.replace(' (chunk view)', '')) % 10}"
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle="--" if chunk else "-",
-                    color=color, label=line_label)
-        ax.set_xscale("log")
-        ax.set_xlabel("inter-token latency (ms, log)")
+def cdf_overlay(panels: list[dict], path: Path) -> tuple[Path, dict]:
+    """panels: [{'level': x, 'ttft': {label: [(ms, share)]}, 'itl': {...}}]: one row per load
+    level, TTFT left and ITL right, every variant overlaid; each column shares its x axis."""
+    rows = max(len(panels), 1)
+    fig, axes = plt.subplots(rows, 2, figsize=(11, 3.2 * rows), squeeze=False, sharex="col", sharey=True)
+    labels = list(dict.fromkeys(k for p in panels for m in ("ttft", "itl") for k in p[m]))
+    overlaid = []
+    for row, panel in zip(axes, panels):
+        for ax, metric, name in ((row[0], "ttft", "TTFT"), (row[1], "itl", "ITL (per token)")):
+            for label, pts in panel[metric].items():
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{labels.index(label) % 10}",
+                        drawstyle="steps-post" if metric == "itl" else "default", label=label)
+            if not panel[metric]:
+                _empty(ax, f"no {name} samples at this load")
+            overlaid.append(len(panel[metric]))
+            ax.set_title(f"{name} CDF at load {panel['level']:g}", fontsize=9)
+            ax.grid(alpha=0.3, which="both")
+            if panel[metric]:
+                ax.legend(fontsize=7, loc="lower right")
+    if not panels:
+        _empty(axes[0][0], "the runs share no load level, so their distributions cannot be set side by side")
+        _empty(axes[0][1], "")
+    for ax in axes[:, 0]:
         ax.set_ylabel("share of samples")
-        ax.set_title(f"ITL CDF: {run_label}")
-        ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
-    return _save(fig, path)
-
-
-def timeline(client: list[dict], server: list[dict], stages: list[dict], started_unix: float, title: str,
-             path: Path) -> Path:
-    """Client latency and throughput on top, the server's state under it, on one time axis."""
-    panels = ["latency", "tokens", "queue", "kv", "preempt"]
-    has_health = any(r.get("cpu_percent_max") is not None for r in client)
-    if has_health:
-        panels.append("client")
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.0 * len(panels)), sharex=True)
-    ax = dict(zip(panels, axes))
-
-    def xs(rows, key):
-        pts = [(r["t_rel_s"], r[key]) for r in rows if _finite(r.get("t_rel_s")) and _finite(r.get(key))]
-        return [p[0] for p in pts], [p[1] for p in pts]
-
-    for key, label, style in (("ttft_p50_ms", "TTFT p50", "-"), ("ttft_p99_ms", "TTFT p99", "--"),
-                              ("itl_p99_ms", "ITL p99 (per token)", ":")):
-        x, y = xs(client, key)
-        ax["latency"].plot(x, y, style, label=label)
-    ax["latency"].set_ylabel("client ms")
-    if any(_finite(r.get("ttft_p99_ms")) and r["ttft_p99_ms"] > 0 for r in client):
-        ax["latency"].set_yscale("log")
-        # 1-2-5 ticks: a latency range inside one decade would otherwise get no labelled tick
-        ax["latency"].yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-        ax["latency"].yaxis.set_major_formatter(ScalarFormatter())
-        ax["latency"].yaxis.set_minor_formatter(NullFormatter())
-    x, y = xs(client, "output_tokens")
-    ax["tokens"].plot(x, y, label="client: output tokens/s")
-    x, y = xs(server, "generation_tokens_per_s")
-    if x:
-        ax["tokens"].plot(x, y, "--", label="server: generation tokens/s")
-    ax["tokens"].set_ylabel("tokens/s")
-    for key, label in (("running", "running"), ("waiting", "waiting")):
-        x, y = xs(server, key)
-        ax["queue"].plot(x, y, label=label)
-    ax["queue"].set_ylabel("requests")
-    x, y = xs(server, "kv_cache_usage")
-    ax["kv"].plot(x, [100 * v for v in y], color="C3", label="KV-cache use (mean of engines)")
-    ax["kv"].set_ylabel("KV %")
-    ax["kv"].set_ylim(0, 105)
-    x, y = xs(server, "preemptions_per_s")
-    ax["preempt"].bar(x, y, width=1.0, color="C4", label="preemptions/s")
-    ax["preempt"].set_ylabel("preempt/s")
-    if has_health:
-        x, y = xs(client, "cpu_percent_max")
-        ax["client"].plot(x, y, color="C5", label="generator CPU % (worst worker)")
-        x, y = xs(client, "loop_lag_max_ms")
-        if x:
-            twin = ax["client"].twinx()
-            twin.plot(x, y, ":", color="C6", label="event-loop lag ms (worst worker)")
-            twin.set_ylabel("lag ms")
-            twin.legend(fontsize=7, loc="upper left")
-        ax["client"].set_ylabel("CPU %")
-    for s in stages:
-        if _finite(s.get("measure_start_unix")) and _finite(s.get("measure_end_unix")):
-            for a in axes:
-                a.axvspan(s["measure_start_unix"] - started_unix, s["measure_end_unix"] - started_unix,
-                          color="green", alpha=0.06)
-        if _finite(s.get("started_unix")):
-            axes[0].axvline(s["started_unix"] - started_unix, color="grey", linewidth=0.6)
-            axes[0].annotate(f"stage {s['stage']} ({s['level']:g})" if _finite(s.get("level")) else f"stage {s['stage']}",
-                             (s["started_unix"] - started_unix, 1), xycoords=("data", "axes fraction"),
-                             fontsize=7, va="top", xytext=(2, -2), textcoords="offset points")
-    for a in axes:
-        a.grid(alpha=0.3)
-        if a.get_legend_handles_labels()[0]:
-            a.legend(fontsize=7, loc="upper right")
-    axes[-1].set_xlabel("seconds since the run started (green: measured windows)")
-    axes[0].set_title(title)
-    # Fixed margins: tight_layout would lay out six shared-axis panels twice for no visible gain.
-    fig.subplots_adjust(left=0.08, right=0.93, top=0.96, bottom=0.06, hspace=0.12)
-    return _save(fig, path, tight=False)
+    has = [any(p[m] for p in panels) for m in ("ttft", "itl")]
+    for col, metric, ok in ((0, "ttft", has[0]), (1, "itl", has[1])):
+        if ok:
+            axes[0][col].set_xscale("log")
+            # Plain numbers at 1-2-5 steps: the default's minor labels run into each other
+            # ("3x10^2 4x10^2") on a narrow TTFT span.
+            axes[0][col].xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axes[0][col].xaxis.set_major_formatter(ScalarFormatter())
+            axes[0][col].xaxis.set_minor_formatter(NullFormatter())
+        axes[-1][col].set_xlabel(f"{'time to first token' if metric == 'ttft' else 'inter-token latency'} (ms"
+                                 + (", log)" if ok else ")"))
+    return _save(fig, path), {"levels": [p["level"] for p in panels], "overlaid": max(overlaid, default=0),
+                              "xscale": "log" if has[0] else "linear"}

@@ -23,10 +23,13 @@ import time
 import gevent
 from locust import LoadTestShape
 
+from servelab.sim.engine.virtual_stages import OPEN_LEAD_S, REACH_POLL_S, SPAWN_RATE_CAP
 from servelab.store.runs import mismatched
 
 log = logging.getLogger("servelab.loadgen")
-OPEN_LEAD_S = 1.0        # open-loop schedules start this long after they are announced
+# OPEN_LEAD_S, REACH_POLL_S, SPAWN_RATE_CAP (the open-loop lead, the user-count poll, the default
+# spawn rate's cap per worker) live with predict's copy of this driver, so virtual time and real
+# time cannot drift apart.
 REACH_GRACE_S = 30.0     # a level whose users never all report is timed from here on
 
 
@@ -80,7 +83,7 @@ class StageDriver:
             self.collector.stage_begin(stage)
             self._monitor = gevent.spawn(self._watch_reached, dict(stage), plan)
             workers = max(1, self.collector.worker_count)
-            rate = plan.spawn_rate or max(1.0, min(float(plan.users or 1), 100.0 * workers))
+            rate = plan.spawn_rate or max(1.0, min(float(plan.users or 1), SPAWN_RATE_CAP * workers))
             self.value = (plan.users or 0, rate, [self.closed_user])
         return self.value
 
@@ -104,7 +107,7 @@ class StageDriver:
                             "the level from now", plan.index, self.runner.user_count, target,
                             time.time() - stage["started_unix"])
                 break
-            gevent.sleep(0.05)
+            gevent.sleep(REACH_POLL_S)
         if self.current is None or self.current["stage"] != stage["stage"]:
             return
         reached = time.time()
@@ -253,7 +256,7 @@ class ManualStages:
                             "recording the level that runs", index, self.running(), users,
                             time.time() - asked_unix)
                 break
-            gevent.sleep(0.05)
+            gevent.sleep(REACH_POLL_S)
         cur = self.current
         if cur is None or cur["stage"] != index:
             return

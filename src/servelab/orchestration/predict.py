@@ -3,13 +3,18 @@
 The same engines the simulated server runs, driven without sleeping by the virtual users of
 ``servelab.sim.engine.virtual_users`` (the one user model, shared with the calibration),
 replay the profile's stages: closed-loop users (each sends its next request when the previous one
-finished, after the session's think time), ramps at their spawn rate, open-loop arrivals at their
-planned times. The result is stored as a run flagged ``predicted`` in the same tables a measured
-run uses: requests with chunk offsets and tokens per chunk, stages with their measured windows,
-and server metrics sampled from the engines each second, so every view and report works on it.
+finished, after the session's think time), open-loop arrivals at their planned times. Stages are
+timed as ``servelab run`` times them (``sim.engine.virtual_stages``, the one time model): users
+spawned in Locust's batches at the spawn rate and carried over between stages, a level reached
+when every user runs, then warm-up and hold, stage ends on the shape's one-second ticks. The
+result is stored as a run flagged ``predicted`` in the same tables a measured run uses: requests
+with chunk offsets and tokens per chunk, stages with their measured windows, and server metrics
+sampled from the engines each second, so every view and report works on it.
 
 Differences from a measured run, by design: no HTTP, tokenizer or client (no ``client_health``);
-a request longer than ``max-model-len`` is recorded as vLLM's 400 without reaching the engine.
+a request longer than ``max-model-len`` is recorded as vLLM's 400 without reaching the engine;
+a user stopped by a lower level sends nothing more but its request in flight finishes (Locust
+kills it mid-stream).
 An open-loop stage's ``max_in_flight`` holds arrivals back as the load generator does: one cap
 per stage, an arrival that finds it full waits for a slot (``late`` when sent more than
 ``LATE_MS`` after its time) and is ``dropped`` if still waiting when its stage ends (the last
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab import __version__
+from servelab.sim.engine.costs import resolve_cost
 from servelab.specs.variants import Variant
 
 FLAG_PREDICTED = "predicted"
@@ -67,21 +73,10 @@ class PredictResult:
     stages: int
 
 
-def _stage_windows(stages, ramp_users: dict[int, float]) -> list[dict]:
-    """Virtual start/reached/measure/end times of each stage (stages run back to back)."""
-    out, t = [], 0.0
-    for st in stages:
-        reached = t + ramp_users.get(st.index, 0.0)
-        measure_start = reached + st.warmup_s
-        out.append({"stage": st.index, "start": t, "reached": reached,
-                    "measure_start": measure_start, "measure_end": measure_start + st.hold_s,
-                    "end": t + st.duration_s})
-        t += st.duration_s
-    return out
-
-
 def _turn(planned, stage):
-    """A planned request as a virtual user's turn, tagged with what the rows need back."""
+    """A planned request as a virtual user's turn, tagged with what the rows need back (a
+    closed-loop turn's stage is None: it is the stage running when the turn is sent, as in the
+    load generator, where users carry over from stage to stage)."""
     from servelab.sim.engine.virtual import VirtualRequest
     from servelab.sim.engine.virtual_users import UserTurn
 
@@ -125,43 +120,39 @@ class Predictor:
         self.stages = self.planner.stages()
         self.users = None
 
-    def run(self) -> tuple[object, list[dict]]:
-        """The profile's stages as virtual users: closed-loop users (ramps at their spawn rate)
-        taking sessions from the planner, open-loop arrivals each starting a session, under the
-        stage's max_in_flight cap (dropped at the stage's end; the last stage drains)."""
+    def run(self) -> tuple[object, list]:
+        """The profile's stages timed as ``servelab run`` times them (``virtual_stages``: Locust's
+        spawn batches and one-second ticks, reached, warm-up, hold): closed-loop users that live
+        across stages and take sessions from the planner, or open-loop arrivals each starting a
+        session under the stage's max_in_flight cap (dropped at the stage's end; the last stage
+        drains). Returns the result and the ``StageWindow`` of every stage."""
         from servelab.sim.engine.virtual import InFlightCap
+        from servelab.sim.engine.virtual_stages import closed_loop_plan, open_loop_windows
         from servelab.sim.engine.virtual_users import VirtualUsers
 
         self.users = users = VirtualUsers(self._runner())
-        sessions = self.planner.sessions() if self.planner.load_kind != "trace" else None
-        ramp_reach = {}
-        users_before = 0
-        for st in self.stages:
-            if st.kind == "ramp" and st.spawn_rate and st.users:
-                ramp_reach[st.index] = max(0, st.users - users_before) / st.spawn_rate
-            users_before = st.users or 0
-        windows = _stage_windows(self.stages, ramp_reach)
+        if self.planner.load_kind in ("concurrency", "ramp"):
+            sessions = self.planner.sessions()
+
+            def next_session():
+                return [_turn(p, None) for p in next(sessions)]
+
+            windows, spans = closed_loop_plan(self.stages)
+            for span in spans:
+                users.add_user(span.start, span.stop, next_session)
+            return users.run(), windows
+        windows = open_loop_windows(self.stages)
         for st, win in zip(self.stages, windows):
-            if st.kind in ("concurrency", "ramp"):
-                def next_session(st=st):
-                    return [_turn(p, st) for p in next(sessions)]
-                for u in range(st.users or 0):
-                    start = win["start"]
-                    if st.kind == "ramp" and st.spawn_rate:
-                        start += u / st.spawn_rate
-                    users.add_user(start, win["end"], next_session)
-            else:
-                # Open loop: each arrival starts a session (usually of one request).
-                cap = InFlightCap(st.max_in_flight) if st.max_in_flight else None
-                give_up = None if st is self.stages[-1] else win["end"]
-                turns: list = []
-                for planned in self.planner.arrivals(st.index) + [None]:
-                    if turns and (planned is None or planned.turn == 1):
-                        at = win["start"] + turns[0].arrival_s
-                        users.add_session([_turn(p, st) for p in turns], at, cap, give_up)
-                        turns = []
-                    if planned is not None:
-                        turns.append(planned)
+            cap = InFlightCap(st.max_in_flight) if st.max_in_flight else None
+            give_up = None if st is self.stages[-1] else win.end
+            turns: list = []
+            for planned in self.planner.arrivals(st.index) + [None]:
+                if turns and (planned is None or planned.turn == 1):
+                    at = win.start + turns[0].arrival_s
+                    users.add_session([_turn(p, st) for p in turns], at, cap, give_up)
+                    turns = []
+                if planned is not None:
+                    turns.append(planned)
         return users.run(), windows
 
     def _runner(self):
@@ -192,7 +183,7 @@ class Predictor:
                                 "assumed": True}}
 
     # -- rows -----------------------------------------------------------------------------------
-    def rows(self, run_id: str, result, windows: list[dict], anchor: float) -> dict[str, list]:
+    def rows(self, run_id: str, result, windows: list, anchor: float) -> dict[str, list]:
         from servelab.store.rows import StageRow
 
         open_loop = self.planner.load_kind in ("rate", "trace")
@@ -202,9 +193,9 @@ class Predictor:
                     + [(users.submitted[d.request_id], d) for d in result.dropped])
         requests = [self._request_row(run_id, seq, sub, outcome, windows, anchor, open_loop)
                     for seq, (sub, outcome) in enumerate(outcomes, start=1)]
-        stages = [StageRow(run_id, st.index, st.kind, st.level, anchor + w["start"],
-                           anchor + w["reached"], anchor + w["measure_start"],
-                           anchor + w["measure_end"], anchor + w["end"])
+        stages = [StageRow(run_id, st.index, st.kind, st.level, anchor + w.start,
+                           None if w.reached is None else anchor + w.reached,
+                           anchor + w.measure_start, anchor + w.measure_end, anchor + w.end)
                   for st, w in zip(self.stages, windows)]
         return {"requests": requests, "stages": stages,
                 "server_metrics": self._metric_rows(run_id, result, anchor)}
@@ -214,20 +205,23 @@ class Predictor:
         """One request's row: a ClientRecord (answered), None (rejected: vLLM's 400 for a prompt
         over max-model-len) or a DroppedRequest (held back by max_in_flight, never sent)."""
         from servelab.sim.engine.virtual import ClientRecord, DroppedRequest
+        from servelab.sim.engine.virtual_stages import in_warmup, stage_at
         from servelab.store.rows import RequestRow, dropped_arrival
 
         planned, stage = sub.turn.tag
-        measure_start = windows[stage.index]["measure_start"]
+        if stage is None:   # closed loop: the stage running when it was sent
+            stage = self.stages[stage_at(windows, sub.sent_s).stage]
+        win = windows[stage.index]
         if isinstance(outcome, DroppedRequest):
             return dropped_arrival(run_id, sub.request_id, WORKER, seq, planned, stage.index,
-                                   stage.level, outcome.scheduled_s < measure_start,
+                                   stage.level, in_warmup(win, outcome.scheduled_s),
                                    anchor + outcome.scheduled_s, anchor + outcome.dropped_s,
                                    DROPPED_TEXT)
         row = RequestRow(run_id=run_id, request_id=sub.request_id, worker=WORKER, worker_seq=seq,
                          scheduled_unix=None if sub.scheduled_s is None else anchor + sub.scheduled_s)
         row.plan(planned, stage.index, stage.level)
         if outcome is None:
-            row.warmup = sub.sent_s < measure_start
+            row.warmup = in_warmup(win, sub.sent_s)
             row.sent_unix = anchor + sub.sent_s
             row.done_unix = anchor + sub.sent_s + 0.001
             row.token_source = "estimated"
@@ -240,7 +234,7 @@ class Predictor:
         rec: ClientRecord = outcome
         sent = rec.sent_s
         last = rec.chunk_times[-1] if rec.chunk_times else None
-        row.warmup = sent < measure_start
+        row.warmup = in_warmup(win, sent)
         row.sent_unix = anchor + sent
         row.first_token_unix = None if rec.first_token_s is None else anchor + rec.first_token_s
         row.last_token_unix = None if last is None else anchor + last
@@ -305,7 +299,8 @@ def predict(variant: Variant, hardware: str, profile_path: str | Path, db_path: 
                   "max_num_seqs": config.max_num_seqs,
                   "max_num_batched_tokens": config.max_num_batched_tokens,
                   "kv_cache_tokens": predictor.engines[0].kv_plan.kv_tokens,
-                  "virtual_s": result.end_s, **predictor.pd_settings()},
+                  "virtual_s": result.end_s, "cost_model": resolve_cost(config)[1],
+                  **predictor.pd_settings()},
         notes="predicted by the simulator's engine in virtual time; not a measurement",
     )
     n = len(rows["requests"])

@@ -259,6 +259,11 @@ def run_preflight(variant: Variant, gpus: list[Gpu], gpu_source: str,
     _memory(variant, used, plan, report, say, util)
     _interconnect(variant, used, hw, links, say)
     _profile_fit(report, plan, say)
+    if known:
+        from servelab.sim.engine.costs import resolve_cost
+
+        say(Verdict(OK, f"speed estimates (predict, sim) use the cost model from "
+                        f"{resolve_cost(config)[1]}"))
     return report
 
 

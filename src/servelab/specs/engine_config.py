@@ -85,6 +85,14 @@ class EngineConfig:
     # of vLLM's blocks (sim.engine.block_manager says what that approximates).
     kv_page_tokens: int | None = None
     server_kind: str = "vllm"         # whose log and /metrics dialect the simulator speaks
+    # vLLM's native CPU KV offloading (sim.engine.kv_offload): bytes of CPU memory for all TP
+    # ranks together, or a block count given as num_cpu_blocks; 0 / None: no CPU tier.
+    kv_offload_bytes: float = 0.0
+    kv_offload_num_cpu_blocks: int | None = None
+
+    @property
+    def kv_offload(self) -> bool:
+        return bool(self.kv_offload_bytes or self.kv_offload_num_cpu_blocks)
 
     @property
     def served_model_name(self) -> str:
@@ -239,6 +247,7 @@ def build_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec,
     kv_bytes = 1.0 if kv_dtype.startswith("fp8") else 2.0
     speculative = parse_speculative(args.speculative_config, hw, spec) if args.speculative_config else None
     names = tuple(args.served_model_name) or (spec.hf_id,)
+    offload_bytes = _offload_bytes(args)
     return EngineConfig(
         hardware=hw, model=spec, served_model_names=names, quant=quant,
         tensor_parallel_size=tp, data_parallel_size=args.data_parallel_size,
@@ -248,7 +257,25 @@ def build_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec,
         kv_dtype_bytes=kv_bytes, enforce_eager=args.enforce_eager, custom_all_reduce=custom_ar,
         speculative=speculative, serve_args=args,
         log_lines=tuple(logs + [f"WARNING {w}" for w in warns]), warnings=tuple(warns),
+        kv_offload_bytes=offload_bytes, kv_offload_num_cpu_blocks=args.kv_offload_num_cpu_blocks,
     )
+
+
+def _offload_bytes(args: ServeArgs) -> float:
+    """CPU offloading as vLLM's config turns it on (``cpu_bytes_to_use = size x 2^30``), with the
+    combinations the simulator does not model refused by name."""
+    if args.kv_offloading_size is None and args.kv_offload_num_cpu_blocks is None:
+        return 0.0
+    if args.kv_offloading_backend == "lmcache":
+        raise ServelabError(
+            "serve args: --kv-offloading-backend lmcache: not simulated (LMCache keeps 256-token "
+            "chunks in its own store with its own lmcache: metrics); use --kv-offloading-backend "
+            "native, vLLM's OffloadingConnector, which the simulator models")
+    if not args.enable_prefix_caching:
+        raise ServelabError(
+            "serve args: --kv-offloading-size with --no-enable-prefix-caching: the CPU tier is "
+            "found by the prefix cache's block hashes; drop --no-enable-prefix-caching")
+    return (args.kv_offloading_size or 0.0) * GIB
 
 
 def build_kind_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec, serve_args,

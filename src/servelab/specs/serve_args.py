@@ -13,6 +13,10 @@ from servelab.core.errors import ServelabError
 
 QUANTIZATIONS = ("fp8", "awq", "awq_marlin", "gptq", "gptq_marlin", "marlin", "compressed-tensors")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
+KV_OFFLOADING_BACKENDS = ("native", "lmcache")
+# The connectors that are CPU offloading rather than disaggregation: --kv-transfer-config naming
+# one is read as offloading (vLLM's --kv-offloading-size sets exactly this connector).
+OFFLOADING_CONNECTORS = ("OffloadingConnector",)
 
 # Flags that do not change step timing or capacity (--api-key is enforced by the HTTP server,
 # sim/server/auth.py, not the engine). name -> takes a value
@@ -61,6 +65,13 @@ class ServeArgs:
     # served it as one engine would hide the transfer, so the HTTP simulator refuses it and only
     # predict's two-pool runner (sim.engine.disagg) models it.
     kv_transfer_config: dict | None = None
+    # vLLM's CPU KV offloading: --kv-offloading-size (GiB for all TP ranks together) with
+    # --kv-offloading-backend (native: the OffloadingConnector; lmcache is refused by
+    # build_engine_config), or the OffloadingConnector spelled out in --kv-transfer-config with
+    # cpu_bytes_to_use (bytes) or num_cpu_blocks; sim.engine.kv_offload models the tier.
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
+    kv_offload_num_cpu_blocks: int | None = None
     ignored: list[str] = field(default_factory=list)  # accepted flags that do not affect timing
     argv: list[str] = field(default_factory=list)
 
@@ -116,6 +127,9 @@ _VALUE_FLAGS = {
     "--block-size": ("block_size", lambda flag, v: _choice(flag, _int(flag, v),
                                                            (8, 16, 32, 64, 128))),
     "--dtype": ("dtype", lambda flag, v: v.lower()),
+    "--kv-offloading-size": ("kv_offloading_size", lambda flag, v: _gib(flag, v)),
+    "--kv-offloading-backend": ("kv_offloading_backend",
+                                lambda flag, v: _choice(flag, v.lower(), KV_OFFLOADING_BACKENDS)),
 }
 # Switches: flag -> (ServeArgs field, the value it sets).
 _SWITCHES = {
@@ -124,6 +138,33 @@ _SWITCHES = {
     "--enforce-eager": ("enforce_eager", True),
     "--disable-custom-all-reduce": ("disable_custom_all_reduce", True),
 }
+
+
+def _gib(flag: str, text: str) -> float:
+    v = _float(flag, text)
+    if v <= 0:
+        raise ServelabError(f"serve args: {flag}: found {text!r}; expected GiB of CPU memory "
+                            "above 0, e.g. 64")
+    return v
+
+
+def _offloading_connector(out: "ServeArgs", config: dict) -> None:
+    """The OffloadingConnector spelled out: its CPU size from cpu_bytes_to_use or num_cpu_blocks."""
+    flag = "--kv-transfer-config"
+    extra = config.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        raise ServelabError(f"serve args: {flag}: kv_connector_extra_config: expected a JSON object")
+    size, blocks = extra.get("cpu_bytes_to_use"), extra.get("num_cpu_blocks")
+    if isinstance(size, (int, float)) and not isinstance(size, bool) and size > 0:
+        out.kv_offloading_size = size / (1 << 30)
+    elif isinstance(blocks, int) and not isinstance(blocks, bool) and blocks > 0:
+        out.kv_offload_num_cpu_blocks = blocks
+    else:
+        raise ServelabError(
+            f"serve args: {flag}: OffloadingConnector needs kv_connector_extra_config."
+            f"cpu_bytes_to_use (bytes > 0) or num_cpu_blocks (> 0); found {extra!r} (or use "
+            "--kv-offloading-size GiB)")
+    out.kv_offloading_backend = "native"
 
 
 def _json_object(flag: str, text: str, example: str) -> dict:
@@ -176,8 +217,12 @@ def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
         elif flag == "--speculative-config":
             out.speculative_config = _speculative_config(value_of(flag, inline))
         elif flag == "--kv-transfer-config":
-            out.kv_transfer_config = _json_object(
+            config = _json_object(
                 flag, value_of(flag, inline), '{"kv_connector":"NixlConnector","kv_role":"kv_both"}')
+            if config.get("kv_connector") in OFFLOADING_CONNECTORS:
+                _offloading_connector(out, config)
+            else:
+                out.kv_transfer_config = config
         elif flag == "--pipeline-parallel-size":
             if _int(flag, value_of(flag, inline)) != 1:
                 raise ServelabError("serve args: --pipeline-parallel-size > 1 is not simulated; "
@@ -203,7 +248,9 @@ def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
                 "--speculative-config, --tensor-parallel-size, --data-parallel-size, --max-num-seqs, "
                 "--max-num-batched-tokens, --gpu-memory-utilization, --max-model-len, "
                 "--[no-]enable-prefix-caching, --served-model-name, --kv-cache-dtype, --block-size, "
-                "--enforce-eager, --disable-custom-all-reduce, --dtype, --kv-transfer-config (predict only); accepted without effect: "
+                "--enforce-eager, --disable-custom-all-reduce, --dtype, --kv-offloading-size, "
+                "--kv-offloading-backend, --kv-transfer-config (OffloadingConnector; others "
+                "predict only); accepted without effect: "
                 + ", ".join(DOCUMENTED_NO_EFFECT)
             )
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.sim.engine.costs import KERNEL_EFFICIENCY, CostParams
+from servelab.sim.engine.costs import KERNEL_EFFICIENCY, CostParams, resolve_cost
 from servelab.specs.engine_config import EngineConfig, QuantPath
 from servelab.specs.hardware import HardwareSpec
 from servelab.specs.models import ModelSpec
@@ -122,16 +122,25 @@ class CostModel:
                 + self.t_fixed + b.num_prefill * p.t_prefill_req_s + b.num_seqs * p.t_seq_s)
 
 
-def target_cost_model(config: EngineConfig, cost: CostParams) -> CostModel:
+def target_cost_model(config: EngineConfig, cost: CostParams | None) -> CostModel:
+    """The target model's step time; the defaults give way to a matching calibration file
+    (``costs.resolve_cost``), so the HTTP simulator and predict price steps alike."""
+    return priced(config, resolve_cost(config, cost)[0])
+
+
+def priced(config: EngineConfig, cost: CostParams) -> CostModel:
+    """The target model's step time with exactly these coefficients (no calibration lookup:
+    what ``servelab calibrate`` evaluates while it fits)."""
     return CostModel(config.hardware, config.model, config.quant, cost,
                      tp=config.tensor_parallel_size, kv_dtype_bytes=config.kv_dtype_bytes,
                      custom_all_reduce=config.custom_all_reduce, enforce_eager=config.enforce_eager)
 
 
-def draft_cost_model(config: EngineConfig, cost: CostParams) -> CostModel | None:
+def draft_cost_model(config: EngineConfig, cost: CostParams | None) -> CostModel | None:
     spec = config.speculative
     if spec is None or spec.draft is None:
         return None
+    cost, _ = resolve_cost(config, cost)
     return CostModel(config.hardware, spec.draft, spec.draft_quant, cost,
                      tp=config.tensor_parallel_size, kv_dtype_bytes=config.kv_dtype_bytes,
                      custom_all_reduce=config.custom_all_reduce, enforce_eager=config.enforce_eager,

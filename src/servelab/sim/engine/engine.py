@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from servelab.core.errors import ServelabError
 from servelab.sim.engine.block_manager import BlockManager
 from servelab.sim.engine.cost_model import BatchShape, draft_cost_model, target_cost_model
-from servelab.sim.engine.costs import CostParams
-from servelab.sim.engine.kv_sizing import KVPlan, plan_kv_cache
+from servelab.sim.engine.costs import CostParams, calibrated_acceptance
+from servelab.sim.engine.kv_offload import CPUTier, OffloadingBlockManager, host_link
+from servelab.sim.engine.kv_sizing import KVPlan, kv_bytes_per_token, plan_kv_cache
 from servelab.sim.engine.scheduler import Scheduler
 from servelab.sim.engine.sequence import Sequence, Status
 from servelab.sim.engine.spec_decode import SpecDecoder
@@ -31,6 +32,17 @@ def _block_manager(config: EngineConfig, plan: KVPlan) -> BlockManager:
     page = max(match, config.kv_page_tokens or match)
     if page % match:
         page = match
+    if config.kv_offload:
+        if page != match:
+            raise EngineStartupError(
+                f"{config.server_kind}: CPU KV offloading is modelled for vLLM's block-granular "
+                f"prefix cache only (this kind matches {match}-token runs); drop the offload flags")
+        per_token = kv_bytes_per_token(config)
+        tp = config.tensor_parallel_size
+        cpu_blocks = config.kv_offload_num_cpu_blocks or int(
+            config.kv_offload_bytes // (match * per_token * tp))
+        tier = CPUTier(cpu_blocks, match, host_link(config, per_token), tp)
+        return OffloadingBlockManager(plan.kv_tokens // match, match, tier)
     return BlockManager(plan.kv_tokens // page, page, config.enable_prefix_caching, match)
 
 
@@ -103,6 +115,10 @@ class Engine:
         self.startup_log: list[str] = dialect(config).startup_lines(config, self.kv_plan, seed)
         self.rng = random.Random(seed * 1_000_003 + engine_index)
         self.block_manager = _block_manager(config, self.kv_plan)
+        # The CPU tier, when offloading, and the requests waiting on its loads (not running:
+        # vLLM holds them as WAITING_FOR_REMOTE_KVS with their GPU blocks allocated).
+        self.offload: CPUTier | None = getattr(self.block_manager, "tier", None)
+        self._loading: list[tuple[Sequence, float]] = []
         k = config.num_speculative_tokens
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, num_lookahead_tokens=k,
@@ -110,7 +126,7 @@ class Engine:
                                    policy=config.schedule_policy)
         self.cost = target_cost_model(config, self.params)
         self.spec = (SpecDecoder(config.speculative, draft_cost_model(config, self.params),
-                                 self.params, self.rng)
+                                 self.params, self.rng, calibrated_acceptance(config))
                      if config.speculative else None)
         self.requests: dict[str, Sequence] = {}
         self._stats = EngineStats(num_gpu_blocks=self.kv_plan.num_blocks,
@@ -142,7 +158,12 @@ class Engine:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return False
-        self.scheduler.remove(seq)
+        loading = [x for x in self._loading if x[0] is seq]
+        if loading:
+            self._loading.remove(loading[0])
+            self.block_manager.free_seq(seq)
+        else:
+            self.scheduler.remove(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = "abort"
         seq.finish_time = now
@@ -150,7 +171,7 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._loading)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """vLLM's ``reset_prefix_cache``: forget all cached blocks so that no later request hits.
@@ -173,7 +194,7 @@ class Engine:
         s = self._stats
         sch, bm = self.scheduler, self.block_manager
         s.num_running = len(sch.running)
-        s.num_waiting = len(sch.waiting)
+        s.num_waiting = len(sch.waiting) + len(self._loading)
         s.kv_usage = bm.usage
         s.num_preemptions_total = sch.num_preemptions
         s.prefix_cache_queries_total = bm.query_tokens
@@ -187,10 +208,19 @@ class Engine:
 
     # -- one engine step ------------------------------------------------------------------------
     def step(self, now: float) -> StepOutput:
+        if self.offload is not None:
+            self.block_manager.now = now
+            self._land_loads(now)
         batch = self.scheduler.schedule()
+        if self.offload is not None:
+            self._hold_loads(batch)
         out = StepOutput(0.0, num_preempted=len(batch.preempted))
         if not batch.seqs:
-            if self.scheduler.has_unfinished():
+            if self._loading:
+                # Only transfers are in flight: the loop polls until the first one lands.
+                out.duration_s = max(self.params.t_cpu_s,
+                                     min(done for _, done in self._loading) - now)
+            elif self.scheduler.has_unfinished():
                 # Nothing fits this step (every request waits on blocks): the loop still spins.
                 out.duration_s = self.params.t_cpu_s
             return out
@@ -243,6 +273,8 @@ class Engine:
 
         events = out.events
         finished_any = False
+        if self.offload is not None:
+            bm.now = end  # the step's KV exists once it ends: write-through stores start then
         caching = bm.enable_caching
         block_size = bm.block_size
         # Finer matching makes a partly filled block matchable too: the first emission after a
@@ -284,3 +316,27 @@ class Engine:
         stats.iteration_tokens_total += shape.num_tokens
         stats.busy_time_s += duration
         return out
+
+    # -- CPU tier loads ----------------------------------------------------------------------
+    def _hold_loads(self, batch) -> None:
+        """Take requests whose admission starts a load from the CPU tier out of this step: they
+        compute once the load has landed (their token budget this step goes unused)."""
+        loads = self.block_manager.take_loads()
+        if not loads:
+            return
+        keep = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens)
+                if s.request_id not in loads]
+        batch.seqs = [s for s, _ in keep]
+        batch.num_new_tokens = [n for _, n in keep]
+        running = self.scheduler.running
+        for seq in [s for s in running if s.request_id in loads]:
+            running.remove(seq)
+            self._loading.append((seq, loads[seq.request_id]))
+
+    def _land_loads(self, now: float) -> None:
+        if not self._loading:
+            return
+        landed = [x for x in self._loading if x[1] <= now]
+        if landed:
+            self._loading = [x for x in self._loading if x[1] > now]
+            self.scheduler.running.extend(seq for seq, _ in landed)

@@ -15,7 +15,9 @@ from servelab.specs.engine_config import SpecDecodeConfig
 
 class SpecDecoder:
     def __init__(self, spec: SpecDecodeConfig, draft_cost: CostModel | None, params: CostParams,
-                 rng: random.Random):
+                 rng: random.Random, acceptance: tuple[float, ...] | None = None):
+        """``acceptance``: per draft position, as a calibration measured it on a real server
+        (``costs.calibrated_acceptance``); else the method's default."""
         self.spec = spec
         self.k = spec.num_speculative_tokens
         self.draft_cost = draft_cost
@@ -25,7 +27,8 @@ class SpecDecoder:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * self.k
-        self.acceptance = default_acceptance(spec.method, self.k)
+        self.acceptance = (list(acceptance) if acceptance is not None
+                           else default_acceptance(spec.method, self.k))
         self.match_prob = match_probability(spec.method)
 
     def propose(self) -> int:

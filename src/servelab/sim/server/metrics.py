@@ -36,6 +36,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from servelab.sim.engine.kv_offload import LOAD, SIZE_BUCKETS, STORE
+
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
@@ -258,8 +260,10 @@ class SimCollector(Collector):
         for i, s in enumerate(stats):
             info.add_sample("vllm:cache_config_info",
                             {**self.cache_info, "num_gpu_blocks": str(s.num_gpu_blocks),
-                             "engine": str(i)}, 1.0)
+                             **self._offload_info(self.engines[i]), "engine": str(i)}, 1.0)
         yield info
+        if any(getattr(e, "offload", None) is not None for e in self.engines):
+            yield from self.offload_families()
 
         if self.spec_k:
             yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
@@ -283,6 +287,52 @@ class SimCollector(Collector):
             http.add_sample("http_requests_created", labels, self.created)
         yield http
         yield from self.sim_families(fe)
+
+    @staticmethod
+    def _offload_info(engine) -> dict:
+        """vLLM 0.26's cache_config_info labels for offloading (its capture: backend "native",
+        size "None" when off)."""
+        tier = getattr(engine, "offload", None)
+        size = (engine.config.kv_offload_bytes / (1 << 30)
+                if tier is not None and engine.config.kv_offload_bytes else None)
+        return {"kv_offloading_backend": "native", "kv_offloading_size": str(size),
+                **({"num_cpu_blocks": str(tier.num_blocks)} if tier is not None else {})}
+
+    def offload_families(self):
+        """What vLLM exposes with the OffloadingConnector (v1/metrics/loggers.py and the
+        connector's OffloadPromMetrics): the connector's prefix-cache queries and hits (tokens)
+        and, per transfer_type (CPU_to_GPU loads, GPU_to_CPU stores), bytes, seconds and a
+        histogram of transfer sizes. An engine without a tier reports zeros."""
+        tiers = [getattr(e, "offload", None) for e in self.engines]
+        yield self._counter("vllm:external_prefix_cache_queries",
+                            "External prefix cache queries from KV connector cross-instance cache "
+                            "sharing, in terms of number of queried tokens.",
+                            [t.queries if t else 0 for t in tiers])
+        yield self._counter("vllm:external_prefix_cache_hits",
+                            "External prefix cache hits from KV connector cross-instance cache "
+                            "sharing, in terms of number of cached tokens.",
+                            [t.hits if t else 0 for t in tiers])
+        kinds = (LOAD, STORE)
+        yield self._counter("vllm:kv_offload_total_bytes", "Number of bytes offloaded by KV "
+                            "connector", [{k: t.dirs[k].bytes if t else 0 for k in kinds}
+                                          for t in tiers], extra="transfer_type")
+        yield self._counter("vllm:kv_offload_total_time", "Total time measured by all KV "
+                            "offloading operations", [{k: t.dirs[k].time_s if t else 0
+                                                       for k in kinds} for t in tiers],
+                            extra="transfer_type")
+        m = Metric("vllm:kv_offload_size", "Histogram of KV offload transfer size, in bytes.",
+                   "histogram")
+        for i, t in enumerate(tiers):
+            for k in kinds:
+                base = {**self._base(i), "transfer_type": k}
+                h = Hist(SIZE_BUCKETS)
+                if t is not None:
+                    h.counts, h.sum = list(t.dirs[k].size_counts), t.dirs[k].size_sum
+                for le, count in h.cumulative():
+                    m.add_sample("vllm:kv_offload_size_bucket", {**base, "le": le}, float(count))
+                m.add_sample("vllm:kv_offload_size_count", base, float(h.count))
+                m.add_sample("vllm:kv_offload_size_sum", base, h.sum)
+        yield m
 
     def sim_families(self, fe):
         """The simulator's own health families, whatever dialect the server speaks."""

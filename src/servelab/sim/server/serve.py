@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 
 from servelab.core.procs import write_ready_file
+from servelab.sim.engine.costs import resolve_cost
 from servelab.sim.engine.kv_sizing import plan_kv_cache
 from servelab.sim.engine.startup_log import dialect
 from servelab.sim.server.server import SimServer, new_event_loop
@@ -73,6 +74,7 @@ def serve(config: EngineConfig, instances: int, salt: str | None, opts: ServeOpt
     log(f"servelab sim: {config.model.hf_id} on {config.hardware.name} "
         f"(TP={config.tensor_parallel_size}, DP={config.data_parallel_size}, "
         f"instances={instances}, kernel path {config.quant.name})")
+    log(f"servelab sim: cost model from {resolve_cost(config)[1]}")
     plan = plan_kv_cache(config)
     for line in speaks.startup_lines(config, plan, opts.seed):
         log(line)

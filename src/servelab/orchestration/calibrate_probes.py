@@ -1,0 +1,253 @@
+"""The probe traffic of ``servelab calibrate``: which requests isolate which cost, how they are
+sent so the server schedules them the way the fit assumes, and what the server's own
+``/metrics`` say they cost.
+
+Every probe prompt is a list of random token ids (exact lengths without the server's tokenizer,
+and no two prompts share a prefix-cache block). A probe of more than one request is sent behind
+a *blocker*: one request whose prompt fills a whole step's token budget. The engine starts the
+blocker alone (it is the only request waiting); the probe's requests, written on connections
+opened beforehand, arrive while that step runs, so the scheduler sees them all waiting at once,
+which is what the replay in ``orchestration.calibrate`` reproduces. A probe whose requests were
+not all written before the blocker's first token came back is flagged ``late``: its schedule is
+not the replayed one.
+"""
+from __future__ import annotations
+
+import http.client
+import random
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from servelab.core import credentials
+from servelab.core.errors import ServelabError
+
+# Token ids every served vocabulary holds (the simulator's BPE has 16,384; Qwen and Llama far more).
+TOKEN_RANGE = (100, 16000)
+SUMS = {"prefill_s": "vllm:request_prefill_time_seconds_sum",
+        "decode_s": "vllm:request_decode_time_seconds_sum",
+        "requests": "vllm:request_prefill_time_seconds_count",
+        "generation_tokens": "vllm:generation_tokens_total",
+        "spec_drafts": "vllm:spec_decode_num_drafts_total",
+        "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+        "spec_accepted": "vllm:spec_decode_num_accepted_tokens_total"}
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    isolates: str
+    batch: int          # requests sent together
+    prompt: int         # prompt tokens of each
+    output: int         # output tokens of each (ignore_eos)
+
+
+@dataclass
+class Measured:
+    """One probe's run: the /metrics deltas and the client's own view."""
+    probe: Probe
+    blocker: int                                   # blocker prompt tokens (0: none)
+    prompts: list[list[int]]                       # blocker first when there is one
+    deltas: dict[str, float] = field(default_factory=dict)
+    per_pos: list[float] = field(default_factory=list)
+    client_itl_ms: float | None = None             # median gap between content chunks
+    client_ttft_ms: float | None = None            # median over the probe's requests
+    late: bool = False
+
+
+def probe_set(budget: int, max_model_len: int, max_num_seqs: int, output: int = 32) -> list[Probe]:
+    """Probes sized to the server's token budget and context limit: each one moves one term of
+    the cost model (docs/simulator.md, "Calibrating against a real server", lists them)."""
+    longest = min(budget, max_model_len - 1)
+    ctx = min(2048, max_model_len - output - 1)
+    wide = min(64, max_num_seqs)
+    return [
+        Probe("prefill_512", "fixed cost and per-token GEMMs at a short prompt", 1, 512, 1),
+        Probe("prefill_2k", "per-token GEMM cost (compute-bound prefill)", 1, 2048, 1),
+        Probe(f"prefill_{longest}", "attention's quadratic term at the longest one-step prompt",
+              1, longest, 1),
+        Probe("prefill_batch_16x256", "one step of 16 prefill chunks (per-chunk, per-request costs)",
+              16, 256, 1),
+        Probe("decode_b1", "weight streaming plus the fixed per-step cost", 1, 128, output),
+        Probe("decode_b16", "per-request step cost at a small context", 16, 128, output),
+        Probe(f"decode_b16_ctx{ctx}", "KV-cache reads against context length", 16, ctx, output),
+        Probe(f"decode_b{wide}", "per-request step cost at a wide batch", wide, 128, output),
+        Probe("mixed_3x6k", "chunked prefill sharing steps with decodes", 3,
+              min(6000, max_model_len - 17), 16),
+    ]
+
+
+class ProbeClient:
+    """Streams completions at ``url`` and reads its /metrics (plain HTTP: a local tunnel or a
+    server on the same network, as vLLM serves)."""
+
+    def __init__(self, url: str, model: str | None = None, timeout_s: float = 120.0):
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ServelabError(f"--target: found {url!r}; allowed an http://HOST:PORT URL of "
+                                "a running OpenAI-compatible server")
+        self.url = url.rstrip("/")
+        self.host, self.port = parts.hostname, parts.port or 80
+        self.timeout_s = timeout_s
+        self.headers = {"Content-Type": "application/json", **credentials.headers()}
+        self.model = model or self._first_model()
+        self.rng = random.Random(20261201)
+
+    # -- plain requests ---------------------------------------------------------------------
+    def get(self, path: str) -> str:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        try:
+            conn.request("GET", path, headers=self.headers)
+            resp = conn.getresponse()
+            body = resp.read().decode("utf-8", "replace")
+        except OSError as exc:
+            raise ServelabError(f"--target {self.url}: GET {path} failed ({exc}); is the server "
+                                "running and reachable?") from None
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise ServelabError(f"--target {self.url}: GET {path} answered {resp.status}")
+        return body
+
+    def _first_model(self) -> str:
+        import json
+
+        data = json.loads(self.get("/v1/models")).get("data") or []
+        if not data:
+            raise ServelabError(f"--target {self.url}: /v1/models lists no model")
+        return data[0]["id"]
+
+    def version(self) -> str | None:
+        import json
+
+        try:
+            return json.loads(self.get("/version")).get("version")
+        except (ServelabError, ValueError):
+            return None
+
+    def counters(self) -> tuple[dict[str, float], list[float]]:
+        """The probe-relevant sums of one /metrics page, summed over engines."""
+        text = self.get("/metrics")
+        sums = dict.fromkeys(SUMS, 0.0)
+        names = {v: k for k, v in SUMS.items()}
+        per_pos: dict[int, float] = {}
+        seen = set()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name in names:
+                    sums[names[s.name]] += s.value
+                    seen.add(s.name)
+                elif s.name == PER_POS:
+                    pos = int(s.labels.get("position", 0))
+                    per_pos[pos] = per_pos.get(pos, 0.0) + s.value
+        missing = [n for n in (SUMS["prefill_s"], SUMS["decode_s"], SUMS["requests"]) if n not in seen]
+        if missing:
+            raise ServelabError(f"--target {self.url}/metrics: no {', '.join(missing)}; calibrate "
+                                "needs vLLM's request timing histograms (vLLM V1, or servelab sim)")
+        return sums, [per_pos[k] for k in sorted(per_pos)]
+
+    # -- probes -----------------------------------------------------------------------------
+    def prompt(self, n: int) -> list[int]:
+        return [self.rng.randrange(*TOKEN_RANGE) for _ in range(n)]
+
+    def run(self, probe: Probe, blocker: int) -> Measured:
+        prompts = [self.prompt(probe.prompt) for _ in range(probe.batch)]
+        use_blocker = blocker if probe.batch > 1 else 0
+        m = Measured(probe, use_blocker, ([self.prompt(use_blocker)] if use_blocker else []) + prompts)
+        before, pos0 = self.counters()
+        conns = [self._connect() for _ in prompts]
+        results: list[tuple | None] = [None] * len(prompts)
+        blocker_done = threading.Event()
+        first_back = [float("inf")]
+        if use_blocker:
+            bconn = self._connect()
+            bt = threading.Thread(target=self._blocker, args=(bconn, m.prompts[0], first_back,
+                                                              blocker_done))
+            bt.start()
+            time.sleep(0.005)  # the blocker is scheduled alone before the probe's requests exist
+        threads = [threading.Thread(target=self._stream, args=(c, p, probe.output, results, i))
+                   for i, (c, p) in enumerate(zip(conns, prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if use_blocker:
+            bt.join()
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+        sent = [r[0] for r in results]
+        m.late = bool(use_blocker) and max(sent) > first_back[0]
+        self._client_figures(m, results)
+        want = before["requests"] + len(m.prompts)
+        deadline = time.monotonic() + 10.0
+        while True:  # the server records a request's histograms just after its last chunk
+            after, pos1 = self.counters()
+            if after["requests"] >= want or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        m.deltas = {k: after[k] - before[k] for k in SUMS}
+        m.per_pos = [b - a for a, b in zip(pos0 + [0.0] * len(pos1), pos1)]
+        return m
+
+    def _connect(self) -> http.client.HTTPConnection:
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        try:
+            conn.connect()
+        except OSError as exc:
+            raise ServelabError(f"--target {self.url}: cannot connect ({exc})") from None
+        return conn
+
+    def _body(self, prompt: list[int], max_tokens: int) -> bytes:
+        import json
+
+        return json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
+                           "min_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0,
+                           "stream": True}).encode()
+
+    def _blocker(self, conn, prompt, first_back, done) -> None:
+        try:
+            conn.request("POST", "/v1/completions", self._body(prompt, 1), self.headers)
+            resp = conn.getresponse()
+            resp.readline()
+            first_back[0] = time.perf_counter()
+            resp.read()
+        finally:
+            conn.close()
+            done.set()
+
+    def _stream(self, conn, prompt, max_tokens, results, i) -> None:
+        try:
+            t0 = time.perf_counter()
+            conn.request("POST", "/v1/completions", self._body(prompt, max_tokens), self.headers)
+            sent = time.perf_counter()
+            resp = conn.getresponse()
+            if resp.status != 200:
+                raise ServelabError(f"--target {self.url}: a probe request answered {resp.status}: "
+                                    f"{resp.read()[:300].decode('utf-8', 'replace')}")
+            times = []
+            for line in resp:
+                if line.startswith(b"data: [DONE]"):
+                    break
+                if line.startswith(b"data: ") and b'"text":""' not in line.replace(b" ", b""):
+                    times.append(time.perf_counter())
+            results[i] = (sent, t0, times)
+        except OSError as exc:  # a thread cannot raise to the caller: run() re-raises it
+            results[i] = ServelabError(f"--target {self.url}: a probe stream failed ({exc})")
+        except ServelabError as exc:
+            results[i] = exc
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _client_figures(m: Measured, results) -> None:
+        from statistics import median
+
+        ttft = [r[2][0] - r[1] for r in results if r and r[2]]
+        gaps = [b - a for r in results if r for a, b in zip(r[2], r[2][1:])]
+        m.client_ttft_ms = median(ttft) * 1e3 if ttft else None
+        m.client_itl_ms = median(gaps) * 1e3 if gaps else None

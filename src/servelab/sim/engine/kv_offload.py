@@ -1,0 +1,203 @@
+"""A CPU tier under the GPU prefix cache: vLLM's native KV offloading (``--kv-offloading-size``).
+
+What vLLM 0.26 does, and what is modelled here (sources: ``vllm/config/vllm.py``, which turns
+``--kv-offloading-size GiB --kv-offloading-backend native`` into the ``OffloadingConnector`` with
+``cpu_bytes_to_use = size x 2^30`` for all TP ranks together; the connector's scheduler side,
+``kv_connector/v1/offloading/scheduler.py``; the CPU manager's LRU policy, ``kv_offload/cpu``):
+
+- **Stores are write-through and asynchronous.** Every block that becomes full is copied GPU ->
+  CPU on a separate CUDA stream as soon as the step that computed it ends (``_get_reqs_to_store``),
+  whether or not the GPU will evict it; a block already in the tier is not copied again. A copy
+  is usable only once it has landed (``complete_store``): here, when the device-to-host
+  direction of the PCIe link has carried it, one block after another.
+- **The tier is an LRU of blocks** keyed by the same chained block hash as the GPU cache, of
+  ``cpu bytes / (block_size x KV bytes per token x TP)`` blocks; a full tier evicts its least
+  recently used block to store a new one. A hit or a repeated store makes a block most recent.
+- **Loads replace recompute.** When a waiting request's GPU prefix hit ends, the tier is asked
+  for the blocks that follow (consecutive, ready ones; the last prompt token is always computed).
+  The request gets GPU blocks for them and waits (vLLM's WAITING_FOR_REMOTE_KVS) while the
+  host-to-device direction carries them; it is scheduled in the first step that starts after the
+  load landed, with those tokens counted as computed. Other requests keep running meanwhile.
+
+Assumptions (docs/simulator.md, "CPU KV offload"): the host link's bandwidth is the hardware
+file's PCIe figure where the GPUs are PCIe-linked, else PCIe Gen5 x16 (64 GB/s) on Hopper and
+Gen4 x16 (32 GB/s) before it, at ``EFFICIENCY`` of it (pinned-memory DMA); the copies do not slow
+the forward passes (DMA engines, not SMs); each TP rank moves its share over its own link, side
+by side. ``servelab calibrate`` would fit the efficiency from a real server's
+``vllm:kv_offload_total_time`` against ``vllm:kv_offload_total_bytes``.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from servelab.sim.engine.block_manager import BlockManager
+from servelab.sim.engine.kv_transfer import KVLink, KVTransferParams
+from servelab.sim.engine.sequence import Sequence
+
+EFFICIENCY = 0.8          # achieved / spec PCIe bandwidth for pinned host copies (assumption)
+HOPPER_PCIE_GB_S = 64.0   # PCIe Gen5 x16, one direction
+AMPERE_PCIE_GB_S = 32.0   # PCIe Gen4 x16, one direction
+LOAD, STORE = "CPU_to_GPU", "GPU_to_CPU"   # vLLM's transfer_type label values
+# vLLM's vllm:kv_offload_size buckets (bytes per transfer).
+SIZE_BUCKETS = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)
+
+
+def host_link(config, kv_bytes_per_token: float) -> KVLink:
+    """The GPU <-> host link one TP rank's copies use (see the module docstring)."""
+    hw = config.hardware
+    if hw.link_type == "pcie":
+        gb_s = hw.link_bandwidth_gb_s
+    else:
+        gb_s = HOPPER_PCIE_GB_S if hw.compute_capability[0] >= 9 else AMPERE_PCIE_GB_S
+    return KVLink("pcie", gb_s, KVTransferParams(efficiency={"pcie": EFFICIENCY}, latency_s=0.0),
+                  kv_bytes_per_token)
+
+
+@dataclass
+class Direction:
+    """One direction of the host link: when it is next free and what it has carried."""
+    free_at: float = 0.0
+    bytes: float = 0.0      # all TP ranks together, as vLLM sums its workers' transfers
+    time_s: float = 0.0     # one rank's copy time (the ranks copy side by side)
+    transfers: int = 0
+
+    def __post_init__(self):
+        self.size_counts = [0] * (len(SIZE_BUCKETS) + 1)
+        self.size_sum = 0.0
+
+
+class CPUTier:
+    def __init__(self, num_blocks: int, block_size: int, link: KVLink, tp: int = 1):
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.link = link
+        self.tp = tp
+        self.ready_at: OrderedDict[int, float] = OrderedDict()   # hash -> copy landed; LRU order
+        self.dirs = {LOAD: Direction(), STORE: Direction()}
+        self.evictions = 0
+        self.queries = 0     # tokens, as vllm:external_prefix_cache_queries counts them
+        self.hits = 0
+
+    @property
+    def usage(self) -> float:
+        return len(self.ready_at) / self.num_blocks if self.num_blocks else 0.0
+
+    def lookup(self, hashes, now: float) -> int:
+        """Leading blocks of ``hashes`` held and landed by ``now``."""
+        n = 0
+        ready = self.ready_at
+        for h in hashes:
+            t = ready.get(h)
+            if t is None or t > now:
+                break
+            n += 1
+        return n
+
+    def _carry(self, kind: str, blocks: int, now: float) -> float:
+        d = self.dirs[kind]
+        tokens = blocks * self.block_size
+        dt = self.link.transfer_s(tokens)
+        done = max(now, d.free_at) + dt
+        d.free_at = done
+        size = self.link.transfer_bytes(tokens) * self.tp
+        d.bytes += size
+        d.time_s += dt
+        d.transfers += 1
+        d.size_sum += size
+        i = 0
+        while i < len(SIZE_BUCKETS) and size > SIZE_BUCKETS[i]:
+            i += 1
+        d.size_counts[i] += 1
+        return done
+
+    def load(self, hashes, now: float) -> float:
+        """Copy these (held) blocks to the GPU; returns when the copy lands."""
+        for h in hashes:
+            self.ready_at.move_to_end(h)
+        return self._carry(LOAD, len(hashes), now)
+
+    def store(self, hashes, now: float) -> None:
+        """Write-through of newly full blocks: new ones are copied (evicting LRU blocks to make
+        room), ones already held only become most recent."""
+        new = []
+        ready = self.ready_at
+        for h in hashes:
+            if h in ready:
+                ready.move_to_end(h)
+            elif self.num_blocks:
+                new.append(h)
+        if not new:
+            return
+        new = new[-self.num_blocks:]
+        done = self._carry(STORE, len(new), now)
+        for h in new:
+            if len(ready) >= self.num_blocks:
+                ready.popitem(last=False)
+                self.evictions += 1
+            ready[h] = done
+
+    def clear(self) -> None:
+        self.ready_at.clear()
+
+
+class OffloadingBlockManager(BlockManager):
+    """The GPU block manager with a ``CPUTier`` under its prefix cache. The engine sets ``now``
+    before it schedules (lookups and loads) and before it commits a step's blocks (stores)."""
+
+    def __init__(self, num_blocks: int, block_size: int, tier: CPUTier):
+        super().__init__(num_blocks, block_size, True)
+        self.tier = tier
+        self.now = 0.0
+        self._matched: dict[str, tuple[int, int]] = {}   # request -> (GPU blocks, CPU blocks)
+        self.loads: dict[str, float] = {}                # admitted this step -> load landed at
+        self._last_loaded = 0   # tokens the last successful allocate loads from the tier
+
+    def match_prefix(self, seq: Sequence) -> tuple[list[int], int]:
+        blocks, hit = super().match_prefix(seq)
+        start = len(blocks)
+        limit = (seq.num_tokens - 1) // self.block_size
+        cpu = 0
+        if limit > start:
+            hashes = self._hash_upto(seq, limit)
+            cpu = self.tier.lookup(hashes[start:limit], self.now)
+        self._matched[seq.request_id] = (start, cpu)
+        return blocks, hit + cpu * self.block_size
+
+    def allocate(self, seq: Sequence, num_new_tokens: int, cached_blocks=(), num_lookahead: int = 0,
+                 num_cached_tokens: int | None = None) -> bool:
+        if not super().allocate(seq, num_new_tokens, cached_blocks, num_lookahead,
+                                num_cached_tokens):
+            return False
+        start, cpu = self._matched.pop(seq.request_id, (0, 0))
+        self._last_loaded = 0
+        if cpu and num_cached_tokens == (start + cpu) * self.block_size:
+            self.loads[seq.request_id] = self.tier.load(seq.block_hashes[start:start + cpu],
+                                                        self.now)
+            self._last_loaded = cpu * self.block_size
+        return True
+
+    def record_query(self, num_tokens: int, hit_tokens: int) -> None:
+        # The scheduler calls this right after the admission's allocate: the part of the hit
+        # that allocate loads from the tier is vLLM's external (connector) hit, not a GPU one.
+        loaded, self._last_loaded = self._last_loaded, 0
+        super().record_query(num_tokens, hit_tokens - loaded)
+        self.tier.queries += num_tokens
+        self.tier.hits += loaded
+
+    def commit(self, seq: Sequence) -> None:
+        done = seq.num_committed_blocks
+        super().commit(seq)
+        full = seq.num_committed_blocks
+        if full > done:
+            self.tier.store(seq.block_hashes[done:full], self.now)
+
+    def reset_prefix_cache(self) -> bool:
+        if not super().reset_prefix_cache():
+            return False
+        self.tier.clear()
+        return True
+
+    def take_loads(self) -> dict[str, float]:
+        loads, self.loads = self.loads, {}
+        return loads
