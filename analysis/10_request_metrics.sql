@@ -10,14 +10,20 @@
 --   send_lag_ms   = 1000*(sent_unix - scheduled_unix)           (open loop; NULL closed loop).
 --   ttft_sched_ms = 1000*(first_token_unix - scheduled_unix)    (coordinated-omission aware).
 --   e2e_sched_ms  = 1000*(last_token_unix - scheduled_unix).
---   chunk weight  k_i = chunk_tokens[i], taken as 1 when NULL or < 1 (a content chunk carries text);
+--   chunk weight  k_i = servelab_chunk_weight(chunk_tokens[i]): 1 when NULL or < 1 (a content chunk
+--                 carries text);
 --                 chunk_token_source says whether the counts came from per-chunk usage or are the
---                 recorder's 1-per-chunk estimate.
+--                 recorder's 1-per-chunk estimate. g_i = offset_i - offset_{i-1} (i >= 2).
 --   n_chunks      = number of content chunks; tokens_per_chunk = sum(k_i) / n_chunks.
---   itl_chunk_mean_ms = mean of the chunk gaps g_i = offset_i - offset_{i-1} (i >= 2).
+--   itl_chunk_mean_ms = mean of the chunk gaps g_i.
 --   itl_mean_ms   = sum(g_i) / sum(k_i, i >= 2): the per-request mean of the per-token view
 --                   (equals the mean of g_i/k_i counted k_i times); NULL with fewer than 2 chunks.
 --   itl_max_ms    = max over i >= 2 of g_i / k_i (the worst per-token gap).
+--   first_chunk_unix, last_chunk_unix = sent_unix + offset_1 / 1000, sent_unix + offset_n / 1000.
+--   These sums and extremes are read from the request's chunk scalars (requests.chunk_count ..
+--   last_chunk_ms, computed from the same lists when the row was written: store.db.REQUEST_SCALARS),
+--   so a query over them reads no chunk list; chunk_weights (k_i) and gaps_ms (g_i) are the lists
+--   themselves, for drill-down (chunk_arrivals).
 -- SLOs come from run_classes of the request's class; a column is NULL when the class sets none:
 --   ttft_slo_met  = ok AND ttft_ms <= slo_ttft_ms.
 --   tpot_slo_met  = ok AND (tpot_ms IS NULL OR tpot_ms <= slo_tpot_ms)  (one output token: met).
@@ -28,33 +34,17 @@
 --       gap, is judged by the pace of its text like any other variant.
 --   e2e_slo_met   = ok AND e2e_ms <= slo_e2e_ms.
 --   slo_met       = ok AND every SLO that the class sets is met.  A failed request meets no SLO.
+CREATE OR REPLACE MACRO servelab_chunk_weight(k) AS greatest(coalesce(k, 1), 1);
+
 CREATE OR REPLACE VIEW request_metrics AS
-WITH base AS (
+WITH derived AS (
     SELECT
         q.*,
-        coalesce(len(q.chunk_offsets_ms), 0) AS n_chunks,
-        CASE WHEN len(q.chunk_tokens) = len(q.chunk_offsets_ms)
-             THEN list_transform(q.chunk_tokens, lambda k: greatest(coalesce(k, 1), 1))
-             ELSE list_transform(range(1, coalesce(len(q.chunk_offsets_ms), 0) + 1),
-                                 lambda i: greatest(coalesce(q.chunk_tokens[i], 1), 1))
-        END AS chunk_weights,
-        list_transform(list_zip(list_slice(q.chunk_offsets_ms, 2, -1), list_slice(q.chunk_offsets_ms, 1, -2)),
-                       lambda pair: pair[1] - pair[2]) AS gaps_ms
+        q.error_kind IS NULL AS ok,
+        coalesce(q.ttft_ms, 1000.0 * (q.first_token_unix - q.sent_unix)) AS ttft_ms_eff,
+        coalesce(q.e2e_ms, 1000.0 * (q.last_token_unix - q.sent_unix)) AS e2e_ms_eff,
+        q.rowid AS request_rowid
     FROM requests q
-),
-derived AS (
-    SELECT
-        b.*,
-        b.error_kind IS NULL AS ok,
-        coalesce(b.ttft_ms, 1000.0 * (b.first_token_unix - b.sent_unix)) AS ttft_ms_eff,
-        coalesce(b.e2e_ms, 1000.0 * (b.last_token_unix - b.sent_unix)) AS e2e_ms_eff,
-        list_sum(b.chunk_weights) AS chunk_tokens_total,
-        list_sum(list_slice(b.chunk_weights, 2, -1)) AS gap_tokens_total,
-        CASE WHEN list_max(b.chunk_weights) = 1 THEN list_max(b.gaps_ms)
-             ELSE list_max(list_transform(list_zip(b.gaps_ms, list_slice(b.chunk_weights, 2, -1)),
-                                          lambda pair: pair[1] / pair[2]))
-        END AS itl_max_ms
-    FROM base b
 )
 SELECT
     d.run_id,
@@ -93,12 +83,12 @@ SELECT
     d.token_source,
     d.chunk_token_source,
     d.cached_tokens,
-    d.n_chunks,
-    d.chunk_tokens_total,
-    d.chunk_tokens_total / nullif(d.n_chunks, 0) AS tokens_per_chunk,
-    list_avg(d.gaps_ms) AS itl_chunk_mean_ms,
-    list_sum(d.gaps_ms) / nullif(d.gap_tokens_total, 0) AS itl_mean_ms,
-    d.itl_max_ms,
+    d.chunk_count AS n_chunks,
+    d.chunk_token_sum AS chunk_tokens_total,
+    d.chunk_token_sum / nullif(d.chunk_count, 0) AS tokens_per_chunk,
+    d.gap_mean_ms AS itl_chunk_mean_ms,
+    d.gap_sum_ms / nullif(d.gap_token_sum, 0) AS itl_mean_ms,
+    d.gap_token_max_ms AS itl_max_ms,
     c.slo_ttft_ms,
     c.slo_tpot_ms,
     c.slo_itl_ms,
@@ -109,22 +99,29 @@ SELECT
          ELSE d.ok AND coalesce((d.e2e_ms_eff - d.ttft_ms_eff) / (d.output_tokens - 1) <= c.slo_tpot_ms
                                 OR NOT coalesce(d.output_tokens > 1, false), false) END AS tpot_slo_met,
     CASE WHEN c.slo_itl_ms IS NULL THEN NULL
-         ELSE d.ok AND (d.itl_max_ms IS NULL OR d.itl_max_ms <= c.slo_itl_ms) END AS itl_slo_met,
+         ELSE d.ok AND (d.gap_token_max_ms IS NULL OR d.gap_token_max_ms <= c.slo_itl_ms) END AS itl_slo_met,
     CASE WHEN c.slo_e2e_ms IS NULL THEN NULL
          ELSE d.ok AND coalesce(d.e2e_ms_eff <= c.slo_e2e_ms, false) END AS e2e_slo_met,
     d.ok
         AND (c.slo_ttft_ms IS NULL OR coalesce(d.ttft_ms_eff <= c.slo_ttft_ms, false))
         AND (c.slo_tpot_ms IS NULL OR NOT coalesce(d.output_tokens > 1, false)
              OR coalesce((d.e2e_ms_eff - d.ttft_ms_eff) / (d.output_tokens - 1) <= c.slo_tpot_ms, false))
-        AND (c.slo_itl_ms IS NULL OR d.itl_max_ms IS NULL OR d.itl_max_ms <= c.slo_itl_ms)
+        AND (c.slo_itl_ms IS NULL OR d.gap_token_max_ms IS NULL OR d.gap_token_max_ms <= c.slo_itl_ms)
         AND (c.slo_e2e_ms IS NULL OR coalesce(d.e2e_ms_eff <= c.slo_e2e_ms, false)) AS slo_met,
     d.prefix_group,
     d.session_id,
     d.turn,
     d.response_id,
+    d.sent_unix + d.first_chunk_ms / 1000.0 AS first_chunk_unix,
+    d.sent_unix + d.last_chunk_ms / 1000.0 AS last_chunk_unix,
     d.chunk_offsets_ms,
-    d.chunk_weights,
-    d.gaps_ms
+    CASE WHEN len(d.chunk_tokens) = len(d.chunk_offsets_ms)
+         THEN list_transform(d.chunk_tokens, lambda k: servelab_chunk_weight(k))
+         ELSE list_transform(range(1, d.chunk_count + 1), lambda i: servelab_chunk_weight(d.chunk_tokens[i]))
+    END AS chunk_weights,
+    list_transform(list_zip(list_slice(d.chunk_offsets_ms, 2, -1), list_slice(d.chunk_offsets_ms, 1, -2)),
+                   lambda pair: pair[1] - pair[2]) AS gaps_ms,
+    d.request_rowid
 FROM derived d
 LEFT JOIN stages s ON s.run_id = d.run_id AND s.stage = d.stage
 LEFT JOIN run_classes c ON c.run_id = d.run_id AND c.class_name = d.class_name;

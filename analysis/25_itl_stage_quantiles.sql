@@ -29,9 +29,8 @@ sums AS (
     FROM req
     GROUP BY GROUPING SETS ((run_id, stage, cls), (run_id, stage))
 ),
-bins AS (
-    SELECT run_id, stage, CASE WHEN grouping(cls) = 1 THEN '(all)' ELSE cls END AS class_name,
-           view, bin, sum(n) AS n
+class_bins AS (
+    SELECT run_id, stage, cls AS class_name, view, bin, sum(n) AS n
     FROM (
         SELECT run_id, stage, cls, 'token' AS view,
                unnest(map_keys(token_sketch)) AS bin, unnest(map_values(token_sketch)) AS n
@@ -41,7 +40,16 @@ bins AS (
                unnest(map_keys(chunk_sketch)) AS bin, unnest(map_values(chunk_sketch)) AS n
         FROM req
     )
-    GROUP BY GROUPING SETS ((run_id, stage, cls, view, bin), (run_id, stage, view, bin))
+    GROUP BY run_id, stage, cls, view, bin
+),
+bins AS (
+    -- '(all)' adds the classes' merged counts (integers: the same as adding every request's), so
+    -- the per-request bucket rows are aggregated once, not once per grouping
+    SELECT * FROM class_bins
+    UNION ALL
+    SELECT run_id, stage, '(all)' AS class_name, view, bin, sum(n) AS n
+    FROM class_bins
+    GROUP BY run_id, stage, view, bin
 ),
 cumulative AS (
     SELECT *,

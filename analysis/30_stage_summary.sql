@@ -26,7 +26,7 @@
 --   <slo>_attainment likewise for one SLO, over requests whose class sets it.
 -- error_rate = errors / requests.
 CREATE OR REPLACE VIEW stage_summary AS
-WITH
+WITH RECURSIVE
 counted AS (
     SELECT *, coalesce(class_name, '(none)') AS cls
     FROM request_metrics
@@ -85,32 +85,59 @@ windows AS (
            measure_end_unix - measure_start_unix AS window_s
     FROM stages
 ),
+-- Throughput, per request: a request whose chunks all arrived inside the window contributes its
+-- whole usage count, read from its chunk scalars (first_chunk_unix, last_chunk_unix,
+-- chunk_tokens_total); only a request whose chunks straddle a window edge is read chunk by chunk.
+-- The same sum as over chunk_arrivals, and computed at query time: a live run's windows are set
+-- after its rows exist and may be cut short at Stop.
+spans AS (
+    SELECT w.run_id, w.stage, coalesce(r.class_name, '(none)') AS cls, r.request_rowid,
+           w.measure_start_unix, w.measure_end_unix,
+           r.first_chunk_unix >= w.measure_start_unix AND r.last_chunk_unix < w.measure_end_unix AS inside,
+           r.first_chunk_unix < w.measure_start_unix AS crosses_start,
+           coalesce(r.output_tokens, r.chunk_tokens_total) AS usage_total, r.chunk_tokens_total
+    FROM windows w
+    JOIN request_metrics r
+      ON r.run_id = w.run_id
+     AND r.first_chunk_unix < w.measure_end_unix
+     AND r.last_chunk_unix >= w.measure_start_unix
+    WHERE r.n_chunks > 0
+),
+-- The straddlers, numbered 1..N by the window edge they cross (the start edge for one that
+-- crosses both). Rows are stored in the order they were written, so one edge's straddlers lie
+-- close together in `requests`: fetching them one edge at a time (below) lets DuckDB's join
+-- filter (the fetched rows' rowid range) skip every other row's chunk lists.
+edge_rows AS MATERIALIZED (
+    SELECT *, dense_rank() OVER (ORDER BY run_id, stage, crosses_start) AS edge
+    FROM spans
+    WHERE NOT inside
+),
+-- One edge per step: a step's output is that edge's straddlers (their classes and tokens in the
+-- window, as lists); it stops after the last edge.
+straddling(edge, run_id, stage, classes, tokens) AS (
+    SELECT 0, NULL::VARCHAR, NULL::INTEGER, []::VARCHAR[], []::DOUBLE[]
+    UNION ALL
+    SELECT p.edge + 1, any_value(e.run_id), any_value(e.stage), list(e.cls),
+           list(list_sum(list_transform(range(1, len(c.chunk_offsets_ms) + 1), lambda i:
+               CASE WHEN c.sent_unix + c.chunk_offsets_ms[i] / 1000.0 >= e.measure_start_unix
+                     AND c.sent_unix + c.chunk_offsets_ms[i] / 1000.0 < e.measure_end_unix
+                    THEN servelab_chunk_weight(c.chunk_tokens[i]) ELSE 0 END))
+               * e.usage_total / e.chunk_tokens_total)
+    FROM straddling p
+    JOIN edge_rows e ON e.edge = p.edge + 1
+    JOIN requests c ON c.rowid = e.request_rowid
+    GROUP BY p.edge
+),
 window_tokens AS (
-    -- Same sum as over chunk_arrivals, computed per request: a request whose chunks all arrived
-    -- inside the window contributes its whole usage count without unnesting its chunks.
     SELECT
         run_id, stage,
         CASE WHEN grouping(cls) = 1 THEN '(all)' ELSE cls END AS class_name,
         sum(tokens_in_window) AS output_tokens_in_window
     FROM (
-        SELECT
-            w.run_id, w.stage, coalesce(r.class_name, '(none)') AS cls,
-            CASE WHEN r.first_chunk_unix >= w.measure_start_unix AND r.last_chunk_unix < w.measure_end_unix
-                 THEN coalesce(r.output_tokens, r.chunk_tokens_total)
-                 ELSE list_sum(list_transform(range(1, r.n_chunks + 1), lambda i:
-                          CASE WHEN r.sent_unix + r.chunk_offsets_ms[i] / 1000.0 >= w.measure_start_unix
-                                AND r.sent_unix + r.chunk_offsets_ms[i] / 1000.0 < w.measure_end_unix
-                               THEN r.chunk_weights[i] ELSE 0 END))
-                      * coalesce(r.output_tokens, r.chunk_tokens_total) / r.chunk_tokens_total
-            END AS tokens_in_window
-        FROM windows w
-        JOIN (SELECT *,
-                     sent_unix + chunk_offsets_ms[1] / 1000.0 AS first_chunk_unix,
-                     sent_unix + chunk_offsets_ms[n_chunks] / 1000.0 AS last_chunk_unix
-              FROM request_metrics WHERE n_chunks > 0) r
-          ON r.run_id = w.run_id
-         AND r.first_chunk_unix < w.measure_end_unix
-         AND r.last_chunk_unix >= w.measure_start_unix
+        SELECT run_id, stage, cls, usage_total::DOUBLE AS tokens_in_window FROM spans WHERE inside
+        UNION ALL
+        SELECT run_id, stage, unnest(classes) AS cls, unnest(tokens) AS tokens_in_window
+        FROM straddling WHERE edge > 0
     )
     GROUP BY GROUPING SETS ((run_id, stage, cls), (run_id, stage))
 ),

@@ -78,27 +78,43 @@ RUN_BEHAVIOURS = ["spaced_json", "usage_completion_3e9", "chunk_count_over_int64
                   "second_response", "reset_mid_chunk", "html_200"]
 
 
+# Three runs at a time against one kit (each has its own behaviour, database, spool and logs):
+# most of a run is start-up and drain, which overlap; the kit counts requests per behaviour.
+BATCHES = [RUN_BEHAVIOURS[i:i + 3] for i in range(0, len(RUN_BEHAVIOURS), 3)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", RUN_BEHAVIOURS)
-def test_servelab_run_stores_every_request_the_server_saw(tmp_path, name):
-    from loadgen_helpers import query, servelab
+@pytest.mark.parametrize("names", BATCHES, ids=["-".join(b) for b in BATCHES])
+def test_servelab_run_stores_every_request_the_server_saw(tmp_path, names):
+    import subprocess
+
+    from loadgen_helpers import ROOT, _env, query
     profile = tmp_path / "hostile.yaml"
     profile.write_text(PROFILE)
-    db = tmp_path / "r.duckdb"
     with hostile(tmp_path) as url:
-        res = servelab("run", "--profile", str(profile), "--target", url, "--db", str(db),
-                       "--header", f"X-Hostile: {name}", "--spool-dir", str(tmp_path / "spool"),
-                       "--timeout-first-token", "1", "--timeout-between-chunks", "1",
-                       "--max-error-rate", "1", "--quiet")
+        runs = {}
+        for name in names:
+            folder = tmp_path / name
+            folder.mkdir()
+            runs[name] = subprocess.Popen(
+                [sys.executable, "-m", "servelab.cli", "run", "--profile", str(profile),
+                 "--target", url, "--db", str(folder / "r.duckdb"), "--header",
+                 f"X-Hostile: {name}", "--spool-dir", str(folder / "spool"),
+                 "--timeout-first-token", "1", "--timeout-between-chunks", "1",
+                 "--max-error-rate", "1", "--quiet"], stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT)
+        outs = {name: proc.communicate(timeout=180)[0] for name, proc in runs.items()}
         counts = seen(url)
-    out = res.stdout + res.stderr
-    assert res.returncode == 0, out[-3000:]
-    kinds = dict(query(db, "SELECT coalesce(error_kind, 'ok'), count(*) FROM requests "
-                           "GROUP BY 1"))
-    lost = query(db, "SELECT coalesce(sum(in_flight_lost), 0) FROM run_workers")[0][0]
-    assert counts[name] == sum(kinds.values()) + lost, (counts, kinds, lost)
-    assert set(kinds) == {EXPECTED[name] or "ok"}, kinds
-    logs = [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
-    assert logs, "the run wrote no logs where the test looks"
-    for text in [out] + [p.read_text(errors="replace") for p in logs]:
-        assert "Traceback" not in text, text[-3000:]
+    for name in names:
+        folder, out = tmp_path / name, outs[name]
+        assert runs[name].returncode == 0, (name, out[-3000:])
+        db = folder / "r.duckdb"
+        kinds = dict(query(db, "SELECT coalesce(error_kind, 'ok'), count(*) FROM requests "
+                               "GROUP BY 1"))
+        lost = query(db, "SELECT coalesce(sum(in_flight_lost), 0) FROM run_workers")[0][0]
+        assert counts[name] == sum(kinds.values()) + lost, (name, counts, kinds, lost)
+        assert set(kinds) == {EXPECTED[name] or "ok"}, (name, kinds)
+        logs = [p for p in (folder / "logs").rglob("*") if p.is_file()]
+        assert logs, f"{name}: the run wrote no logs where the test looks"
+        for text in [out] + [p.read_text(errors="replace") for p in logs]:
+            assert "Traceback" not in text, (name, text[-3000:])

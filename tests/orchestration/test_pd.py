@@ -1,5 +1,6 @@
 """Prefill/decode disaggregation: the variant format, the KV transfer's arithmetic against the
-hardware files, the two-pool runner in virtual time, predict's matrix and the sim's refusal."""
+hardware files, the two-pool runner in virtual time, predict's matrix and the HTTP simulator's
+two pools."""
 from __future__ import annotations
 
 import json
@@ -123,8 +124,18 @@ def test_a_pd_block_is_checked_against_the_rest_of_the_file(tmp_path):
         load_variant(plain)
 
 
-def test_the_http_simulator_refuses_a_pd_variant():
-    from servelab.sim.server.server import resolve_config
+def test_the_http_simulator_serves_a_pd_variant_as_two_pools_behind_its_proxy():
+    """The variant's split reaches the simulator (tests/sim_server/test_sim_pd.py serves it);
+    a connector flag without a variant's pd block is still refused, naming the block."""
+    from servelab.sim.server.server import build_server, resolve_config
 
-    with pytest.raises(ServelabError, match="servelab predict --variant pd_1p1d"):
-        resolve_config("H100", variant="pd_1p1d")
+    config, pd, _ = resolve_config("H100", variant="pd_1p1d")
+    assert (pd.prefill, pd.decode, pd.kv_connector) == (1, 1, "NixlConnector")
+    server = build_server("H100", variant="pd_1p1d")
+    assert [i.name for i in server.pd.instances] == ["prefill-0", "decode-0"]
+    assert server.pd.decode[0].engine.block_manager.remote == set()
+    with pytest.raises(ServelabError, match="instances"):
+        resolve_config("H100", variant="pd_1p1d", instances=3)
+    with pytest.raises(ServelabError, match="a variant with a `pd:` block"):
+        resolve_config("H100", QWEN, ["--kv-transfer-config", '{"kv_connector":"NixlConnector",'
+                                                              '"kv_role":"kv_both"}'])

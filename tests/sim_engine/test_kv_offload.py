@@ -14,7 +14,8 @@ import servelab.store as store_pkg
 from servelab.analysis.views import install_views
 from servelab.core.errors import ServelabError
 from servelab.sim.engine.engine import Engine
-from servelab.sim.engine.kv_offload import LOAD, STORE, CPUTier, host_link
+from servelab.sim.engine.kv_offload import LOAD, STORE, CPUTier, host_link, offload_block_manager
+from servelab.sim.engine.sequence import Sequence
 from servelab.sim.engine.virtual import VirtualRequest, VirtualRunner
 from servelab.sim.engine.virtual_users import UserTurn, VirtualUsers
 from servelab.sim.server.metrics import EngineMetrics, MetricsExporter, SimCollector
@@ -101,8 +102,6 @@ def test_the_flags_as_vllm_spells_them():
                                                       '"kv_connector_extra_config":'
                                                       '{"num_cpu_blocks":500}}']))
     assert engine.offload.num_blocks == 500
-    with pytest.raises(ServelabError, match="lmcache: not simulated"):
-        build_engine_config("L4", MODEL, OFFLOAD + ["--kv-offloading-backend", "lmcache"])
     with pytest.raises(ServelabError, match="--kv-offloading-size: found '0'"):
         parse_serve_args(["--kv-offloading-size", "0"])
     with pytest.raises(ServelabError, match="cpu_bytes_to_use"):
@@ -136,3 +135,75 @@ def test_metrics_and_server_timeline_show_the_tier(tmp_path):
     assert got[0] == pytest.approx(tier.hits / tier.queries)
     assert got[1] == pytest.approx(hit_rate(engine))
     assert got[2:] == (pytest.approx(tier.dirs[LOAD].bytes), pytest.approx(tier.dirs[STORE].bytes))
+
+
+LMCACHE = OFFLOAD + ["--kv-offloading-backend", "lmcache"]
+
+
+def lmcache_connector(extra):
+    return ["--kv-transfer-config", '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_both",'
+            '"kv_connector_extra_config":' + extra + '}']
+
+
+def test_lmcache_hits_whole_chunks_saves_prompt_chunks_and_copies_inside_the_step():
+    # --no-enable-prefix-caching, as LMCache's examples run it: every reuse comes from chunks.
+    config = build_engine_config("L4", MODEL, SMALL_GPU + ["--no-enable-prefix-caching"]
+                                 + lmcache_connector('{"lmcache.max_local_cpu_size":2}'))
+    assert config.kv_offload_bytes == 2 * 2**30 and config.lmcache_chunk_size == 256
+    bm = offload_block_manager(config, 45_840, 16)
+    first = Sequence("a", list(range(700)), 50)
+    assert bm.match_prefix(first)[1] == 0 and bm.allocate(first, 700, (), 0, 0)
+    stall = bm.sync_stall_s([first], [700])
+    tier = bm.tier
+    # Two whole chunks of the prompt (512 tokens), not the 188-token tail, copied in the step.
+    assert tier.counts["stored_tokens"] == 512 and stall == tier.link.transfer_s(512)
+    first.num_computed_tokens = 700
+    first.num_output_tokens = 40                    # decoding saves nothing (save_decode off)
+    assert bm.sync_stall_s([first], [1]) == 0.0
+    # The next request shares 600 tokens: native blocks would give 592, LMCache's chunks 512.
+    bm.now = 1.0
+    second = Sequence("b", list(range(600)) + [-1] * 300, 50)
+    blocks, hit = bm.match_prefix(second)
+    assert blocks == [] and hit == 512
+    assert bm.allocate(second, 900 - hit, blocks, 0, hit)
+    second.num_computed_tokens = hit                # as the scheduler admits it
+    # The step waits for the load of the two chunks and the store of its one new whole chunk.
+    assert bm.sync_stall_s([second], [900 - hit]) == pytest.approx(
+        tier.link.transfer_s(512) + tier.link.transfer_s(256))
+    assert tier.counts["hit_tokens"] == 512 and tier.counts["stored_tokens"] == 768
+
+
+def test_lmcache_against_native_when_the_histories_outgrow_the_gpu(tmp_path):
+    plain, plain_ttft = chat([], 48)
+    native, native_ttft = chat(OFFLOAD, 48)
+    lm, lm_ttft = chat(LMCACHE, 48)
+    # Fewer hits than native (whole chunks, no decoded tokens), copies that stall the batch:
+    # most of native's gain, not all of it.
+    assert hit_rate(plain) + 0.5 < hit_rate(lm) < hit_rate(native)
+    assert native_ttft < lm_ttft < 0.5 * plain_ttft
+    counts = lm.offload.counts
+    assert counts["stored_tokens"] % 256 == 0 and counts["hit_tokens"] >= lm.offload.hits
+    collector = SimCollector(MODEL, [lm], [EngineMetrics(8192)], {"block_size": "16"}, 0)
+    text = MetricsExporter(collector).render().decode()
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples["lmcache:num_hit_tokens_total"].value == counts["hit_tokens"]
+    assert samples["vllm:external_prefix_cache_hits_total"].value == lm.offload.hits
+    assert samples["vllm:cache_config_info"].labels["kv_offloading_backend"] == "lmcache"
+    assert "vllm:kv_offload_total_bytes_total" not in samples    # OffloadingConnector's only
+
+
+def test_lmcache_flags_as_vllm_and_lmcache_spell_them():
+    # --kv-offloading-size is for all ranks; vLLM hands each TP rank its share.
+    assert build_engine_config("L4", MODEL, LMCACHE).kv_offload_bytes == 16 * 2**30
+    # The connector spelled out: LMCache's default 5 GiB on each of the two ranks.
+    config = build_engine_config("H100", MODEL, ["--tensor-parallel-size", "2"]
+                                 + lmcache_connector("{}"))
+    assert config.kv_offload_backend == "lmcache" and config.kv_offload_bytes == 10 * 2**30
+    with pytest.raises(ServelabError, match="lmcache.use_layerwise: found True"):
+        parse_serve_args(lmcache_connector('{"lmcache.use_layerwise":true}'))
+    with pytest.raises(ServelabError, match="chunk_size 100 is not a multiple of --block-size"):
+        build_engine_config("L4", MODEL, lmcache_connector('{"lmcache.chunk_size":100}'))
+    # A producer or consumer role is LMCache's disaggregated prefill, not a CPU tier.
+    args = parse_serve_args(["--kv-transfer-config",
+                             '{"kv_connector":"LMCacheConnectorV1","kv_role":"kv_producer"}'])
+    assert args.lmcache is None and args.kv_transfer_config["kv_role"] == "kv_producer"

@@ -24,7 +24,7 @@ from .catalogue import COMPARED, FLAG_MEANING, METRICS, better
 from .db import fetch_dicts
 from .exact import EXACT_ITL, exact_itl
 from .groups import Group, attach_flags, groups_for_runs, groups_for_variants
-from .progress import track
+from servelab.core.bars import track
 from .stats import percentile_interval, ratio
 
 __all__ = ["Comparison", "Group", "MetricResult", "StageComparison", "compare_groups", "compare_runs",

@@ -21,7 +21,7 @@ from . import plots, report_data
 from .catalogue import FLAG_MEANING
 from .compare import compare_groups, groups_for_runs
 from .frontier import DEFAULT_TARGET
-from .progress import bar
+from servelab.core.bars import bar
 from .report_html import CSS, DEFINITIONS, PAGE_SCRIPT, esc, img
 from .report_sections import comparison_html, fidelity_html, headline_html, server_table, stage_table
 

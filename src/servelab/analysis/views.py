@@ -22,6 +22,7 @@ from servelab.core.paths import analysis_dir
 VIEW_FILE = re.compile(r"^\d+_[a-z0-9_]+\.sql$")
 CREATED = re.compile(r"CREATE\s+OR\s+REPLACE\s+(VIEW|MACRO)\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 SCHEMA_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\n\);", re.DOTALL)
+SCHEMA_COLUMN = re.compile(r"^ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) [^;]+;", re.MULTILINE)
 STAMP = re.compile(r"\[servelab (\S+) sha256:([0-9a-f]+)\]\s*$")
 
 
@@ -130,6 +131,38 @@ def _add_missing_tables(con: duckdb.DuckDBPyConnection, temporary: bool) -> None
             con.execute(ddl)
 
 
+def _add_missing_columns(con: duckdb.DuckDBPyConnection, temporary: bool) -> None:
+    """Columns that schema.sql gained after this file was created. A writer adds them (the chunk
+    scalars are then filled by ``fill_request_scalars``). A read-only reader cannot: when the
+    file's ``requests`` lacks the chunk scalars, or some rows lack their values, it reads
+    ``requests`` through a TEMP view of the same name that computes them from the chunk lists
+    (slower, same figures), for its own connection only."""
+    from servelab.store.db import REQUEST_SCALARS, SCHEMA_PATH
+
+    if not temporary:
+        for match in SCHEMA_COLUMN.finditer(SCHEMA_PATH.read_text(encoding="utf-8")):
+            con.execute(match.group(0))
+        return
+    # the file's own table: in the TEMP catalog, plain main.requests would be the view itself
+    table = f'"{con.execute("SELECT current_database()").fetchone()[0]}".main.requests'
+    have = {r[0] for r in con.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = 'main' AND "
+        "table_name = 'requests'").fetchall()}
+    if all(name in have for name in REQUEST_SCALARS):
+        if not con.execute(f"SELECT count(*) FROM {table} WHERE chunk_count IS NULL").fetchone()[0]:
+            return
+        fill = ", ".join(f"coalesce({name}, {expr}) AS {name}" for name, expr in REQUEST_SCALARS.items())
+        con.execute(f"CREATE OR REPLACE TEMP VIEW requests AS SELECT * REPLACE ({fill}), rowid "
+                    f"FROM {table}")
+    else:
+        stale = [n for n in REQUEST_SCALARS if n in have]
+        keep = f"* EXCLUDE ({', '.join(stale)})" if stale else "*"
+        scalars = ", ".join(f"{expr} AS {name}" for name, expr in REQUEST_SCALARS.items())
+        # rowid rides along: request_metrics.request_rowid is how stage_summary finds a row's lists
+        con.execute(f"CREATE OR REPLACE TEMP VIEW requests AS SELECT {keep}, {scalars}, rowid "
+                    f"FROM {table}")
+
+
 def backfill_sketches(con: duckdb.DuckDBPyConnection) -> int:
     """Sketch the requests that have none (a database written before itl_sketches existed, or a
     write that died between a batch and its sketches), in place; returns how many. The keys are
@@ -170,6 +203,11 @@ def install_views(con: duckdb.DuckDBPyConnection, folder: Path | None = None, te
     con.execute("BEGIN TRANSACTION")
     try:
         _add_missing_tables(con, temporary)
+        _add_missing_columns(con, temporary)
+        if not temporary:
+            from servelab.store.db import fill_request_scalars
+
+            fill_request_scalars(con)
         # A read-only reader can fill only a TEMP itl_sketches (the file had none); the file's own
         # table is complete unless a write died mid-batch, and the next writer's open fills it.
         if not temporary or con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = "

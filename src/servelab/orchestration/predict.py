@@ -32,6 +32,7 @@ from pathlib import Path
 
 from servelab import __version__
 from servelab.sim.engine.costs import resolve_cost
+from servelab.sim.engine.kv_offload import LOAD, STORE
 from servelab.specs.variants import Variant
 
 FLAG_PREDICTED = "predicted"
@@ -49,17 +50,26 @@ _METRICS = [("running", "num_running"), ("waiting", "num_waiting"),
 _SPEC_METRICS = [("spec_drafts", "spec_num_drafts_total"),
                  ("spec_draft_tokens", "spec_num_draft_tokens_total"),
                  ("spec_accepted_tokens", "spec_num_accepted_tokens_total")]
+# The CPU KV-offload tier's counters, written only where a tier exists (as vLLM exposes
+# kv_offload_* only with its OffloadingConnector); the bytes are one series per transfer_type.
+_OFFLOAD_METRICS = [("offload_queries", "offload_queries_total", {}),
+                    ("offload_hits", "offload_hits_total", {}),
+                    ("offload_bytes", "offload_load_bytes_total", {"transfer_type": LOAD}),
+                    ("offload_bytes", "offload_store_bytes_total", {"transfer_type": STORE})]
 
 
-def metric_names(kind, speculative: bool) -> list[tuple[str, str]]:
-    """(exposed name, sample field) for one kind; a name two concepts share (SGLang counts its
-    prefix-cache queries as prompt tokens) is written once."""
+def metric_names(kind, speculative: bool, offload: bool = False) -> list[tuple[str, str, dict]]:
+    """(exposed name, sample field, extra labels) for one kind; a series two concepts share
+    (SGLang counts its prefix-cache queries as prompt tokens) is written once."""
     out, seen = [], set()
-    for key, attr in _METRICS + (_SPEC_METRICS if speculative else []):
+    rows = ([(k, a, {}) for k, a in _METRICS + (_SPEC_METRICS if speculative else [])]
+            + (_OFFLOAD_METRICS if offload else []))
+    for key, attr, labels in rows:
         name = kind.metrics.get(key)
-        if name is not None and name not in seen:
-            seen.add(name)
-            out.append((name, attr))
+        series = (name, tuple(sorted(labels.items())))
+        if name is not None and series not in seen:
+            seen.add(series)
+            out.append((name, attr, labels))
     return out
 
 
@@ -259,12 +269,14 @@ class Predictor:
         from servelab.store.rows import MetricSample
 
         model = self.config.served_model_name
-        names = metric_names(self.variant.kind, self.config.speculative is not None)
+        names = metric_names(self.variant.kind, self.config.speculative is not None,
+                             self.config.kv_offload)
         rows = []
         for s in result.samples:
             labels = {"engine": str(s.engine_index), "model_name": model}
-            rows.extend(MetricSample(run_id, anchor + s.t, name, labels, float(getattr(s, attr)))
-                        for name, attr in names)
+            rows.extend(MetricSample(run_id, anchor + s.t, name, {**labels, **extra},
+                                     float(getattr(s, attr)))
+                        for name, attr, extra in names)
         return rows
 
 

@@ -2,13 +2,28 @@
 
 The grammar belongs to the server's kind (``specs.server_kinds``: vLLM's kernel lines, engine
 config and metric names live in ``server_kinds/vllm_log.py``); this is where orchestration and the
-tests ask for it, naming the kind (``vllm`` unless told).
+tests ask for it, naming the kind (``vllm`` unless told). ``split_compose_log`` takes apart what
+``docker compose logs`` writes for several services at once, so one saved file can hold every
+instance of a variant (a PD variant's prefill and decode roles).
 """
 from __future__ import annotations
 
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from servelab.core.errors import ServelabError
+from servelab.core.timeouts import HTTP_PROBE_S
 from servelab.specs.server_kinds import DEFAULT_KIND, ServerFacts, server_kind
 
-__all__ = ["ServerFacts", "parse_log", "parse_metrics"]
+__all__ = ["ServerFacts", "fetch_metrics", "parse_log", "parse_metrics", "read_log",
+           "split_compose_log"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# `docker compose logs` prefixes each line with the container's name padded to a common width
+# and " | ": "web-1  | ...", or "project-web-1  | ..." (older Compose v2), or "web  | ...".
+_PREFIXED = re.compile(r"^([A-Za-z0-9][\w.-]*)\s+\| ?(.*)$")
 
 
 def parse_log(text: str, facts: ServerFacts | None = None,
@@ -20,3 +35,46 @@ def parse_metrics(text: str, facts: ServerFacts | None = None,
                   server: str = DEFAULT_KIND) -> ServerFacts:
     """Read what ``/metrics`` confirms: cache config, engines, speculative counters."""
     return server_kind(server).parse_metrics(text, facts)
+
+
+def _service_of(prefix: str, services: list[str]) -> str | None:
+    for service in services:
+        if re.fullmatch(rf"(?:[\w.-]+[-_])?{re.escape(service)}(?:[-_]\d+)?", prefix):
+            return service
+        # the simulator's PD log names a role only ("prefill-0 | ..."): the service ending so
+        if service.endswith("-" + prefix):
+            return service
+    return None
+
+
+def split_compose_log(text: str, services: list[str]) -> dict[str, str]:
+    """Each named service's lines, prefix removed, from a ``docker compose logs`` file; a
+    service with no line is absent, and lines of other services (or none) are dropped."""
+    out: dict[str, list[str]] = {}
+    for raw in text.splitlines():
+        m = _PREFIXED.match(_ANSI.sub("", raw))
+        if m is None:
+            continue
+        service = _service_of(m.group(1), services)
+        if service is not None:
+            out.setdefault(service, []).append(m.group(2))
+    return {s: "\n".join(lines) + "\n" for s, lines in out.items()}
+
+
+def read_log(path: Path, variant) -> str:
+    """A saved server log; a missing file names the command that saves one."""
+    if not path.is_file():
+        from servelab.orchestration.compose import service_name
+
+        raise ServelabError(f"{path}: no such log file; save the server's output (e.g. "
+                            f"`docker compose logs --no-color {service_name(variant)} > {path}`)")
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def fetch_metrics(url: str, timeout: float = HTTP_PROBE_S) -> str | None:
+    """``/metrics`` of a server, or None when it has none (404) or cannot be reached."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as resp:
+            return resp.read().decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError):
+        return None

@@ -89,6 +89,11 @@ class EngineConfig:
     # ranks together, or a block count given as num_cpu_blocks; 0 / None: no CPU tier.
     kv_offload_bytes: float = 0.0
     kv_offload_num_cpu_blocks: int | None = None
+    # Whose tier: "native" (the OffloadingConnector) or "lmcache" (LMCacheConnectorV1, its
+    # local CPU backend: chunk tokens and whether decoded tokens are saved, LMCache's defaults).
+    kv_offload_backend: str = "native"
+    lmcache_chunk_size: int = 256
+    lmcache_save_decode: bool = False
 
     @property
     def kv_offload(self) -> bool:
@@ -247,7 +252,8 @@ def build_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec,
     kv_bytes = 1.0 if kv_dtype.startswith("fp8") else 2.0
     speculative = parse_speculative(args.speculative_config, hw, spec) if args.speculative_config else None
     names = tuple(args.served_model_name) or (spec.hf_id,)
-    offload_bytes = _offload_bytes(args)
+    offload_bytes = _offload_bytes(args, tp)
+    lmcache = args.lmcache or {}
     return EngineConfig(
         hardware=hw, model=spec, served_model_names=names, quant=quant,
         tensor_parallel_size=tp, data_parallel_size=args.data_parallel_size,
@@ -258,19 +264,34 @@ def build_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec,
         speculative=speculative, serve_args=args,
         log_lines=tuple(logs + [f"WARNING {w}" for w in warns]), warnings=tuple(warns),
         kv_offload_bytes=offload_bytes, kv_offload_num_cpu_blocks=args.kv_offload_num_cpu_blocks,
+        kv_offload_backend=args.kv_offloading_backend if offload_bytes else "native",
+        lmcache_chunk_size=lmcache.get("lmcache.chunk_size", 256),
+        lmcache_save_decode=lmcache.get("lmcache.save_decode_cache", False),
     )
 
 
-def _offload_bytes(args: ServeArgs) -> float:
-    """CPU offloading as vLLM's config turns it on (``cpu_bytes_to_use = size x 2^30``), with the
-    combinations the simulator does not model refused by name."""
+def _offload_bytes(args: ServeArgs, tp: int) -> float:
+    """CPU offloading as vLLM's config turns it on (``cpu_bytes_to_use = size x 2^30``; LMCache:
+    ``max_local_cpu_size x 2^30`` on each TP rank), with the combinations the simulator does not
+    model refused by name."""
+    chunk = (args.lmcache or {}).get("lmcache.chunk_size", 256)
+    if args.kv_offloading_backend == "lmcache" and chunk % args.block_size:
+        raise ServelabError(
+            f"serve args: LMCacheConnectorV1 lmcache.chunk_size {chunk} is not a multiple of "
+            f"--block-size {args.block_size}: the simulator keys chunks by whole blocks; use a "
+            f"multiple such as {args.block_size * 16}")
+    if args.lmcache is not None:
+        if args.kv_offloading_size is not None:
+            raise ServelabError(
+                "serve args: --kv-offloading-size with --kv-transfer-config LMCacheConnectorV1: "
+                "give the size once, as kv_connector_extra_config lmcache.max_local_cpu_size "
+                "(GiB per TP rank) or as --kv-offloading-size with --kv-offloading-backend lmcache")
+        return args.lmcache.get("lmcache.max_local_cpu_size", 5.0) * tp * GIB
     if args.kv_offloading_size is None and args.kv_offload_num_cpu_blocks is None:
         return 0.0
     if args.kv_offloading_backend == "lmcache":
-        raise ServelabError(
-            "serve args: --kv-offloading-backend lmcache: not simulated (LMCache keeps 256-token "
-            "chunks in its own store with its own lmcache: metrics); use --kv-offloading-backend "
-            "native, vLLM's OffloadingConnector, which the simulator models")
+        # LMCache finds chunks by its own token hashes, so it works without vLLM's prefix cache.
+        return args.kv_offloading_size * GIB
     if not args.enable_prefix_caching:
         raise ServelabError(
             "serve args: --kv-offloading-size with --no-enable-prefix-caching: the CPU tier is "

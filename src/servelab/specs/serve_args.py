@@ -16,7 +16,16 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
 KV_OFFLOADING_BACKENDS = ("native", "lmcache")
 # The connectors that are CPU offloading rather than disaggregation: --kv-transfer-config naming
 # one is read as offloading (vLLM's --kv-offloading-size sets exactly this connector).
-OFFLOADING_CONNECTORS = ("OffloadingConnector",)
+OFFLOADING_CONNECTORS = ("OffloadingConnector", "LMCacheConnectorV1")
+# LMCache settings the simulator models, as kv_connector_extra_config spells them ("lmcache."
+# + the key of lmcache/v1/config.py, which LMCacheConnectorV1 copies over its config) -> what a
+# valid value is. Everything else LMCache reads (layerwise, remote or disk backends, blending)
+# changes timing in ways not modelled, so it is refused by name.
+LMCACHE_KEYS = {"lmcache.chunk_size": "an integer above 0 (default 256)",
+                "lmcache.local_cpu": "true (the local CPU backend is what is modelled)",
+                "lmcache.max_local_cpu_size": "GiB per TP rank above 0 (default 5.0)",
+                "lmcache.save_decode_cache": "true or false (default false)",
+                "lmcache.save_unfull_chunk": "false (partial chunks are not modelled)"}
 
 # Flags that do not change step timing or capacity (--api-key is enforced by the HTTP server,
 # sim/server/auth.py, not the engine). name -> takes a value
@@ -66,12 +75,15 @@ class ServeArgs:
     # predict's two-pool runner (sim.engine.disagg) models it.
     kv_transfer_config: dict | None = None
     # vLLM's CPU KV offloading: --kv-offloading-size (GiB for all TP ranks together) with
-    # --kv-offloading-backend (native: the OffloadingConnector; lmcache is refused by
-    # build_engine_config), or the OffloadingConnector spelled out in --kv-transfer-config with
-    # cpu_bytes_to_use (bytes) or num_cpu_blocks; sim.engine.kv_offload models the tier.
+    # --kv-offloading-backend (native: the OffloadingConnector; lmcache: LMCacheConnectorV1 with
+    # size / TP GiB per rank), or either connector spelled out in --kv-transfer-config: the
+    # OffloadingConnector with cpu_bytes_to_use (bytes) or num_cpu_blocks, LMCacheConnectorV1
+    # with its "lmcache.*" extra config (``lmcache``, kept as given, LMCACHE_KEYS checked);
+    # sim.engine.kv_offload models both tiers.
     kv_offloading_size: float | None = None
     kv_offloading_backend: str = "native"
     kv_offload_num_cpu_blocks: int | None = None
+    lmcache: dict | None = None
     ignored: list[str] = field(default_factory=list)  # accepted flags that do not affect timing
     argv: list[str] = field(default_factory=list)
 
@@ -167,6 +179,30 @@ def _offloading_connector(out: "ServeArgs", config: dict) -> None:
     out.kv_offloading_backend = "native"
 
 
+def _lmcache_connector(out: "ServeArgs", config: dict) -> None:
+    """LMCacheConnectorV1 spelled out: its settings from the "lmcache.*" extra config."""
+    flag = "--kv-transfer-config"
+    extra = config.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        raise ServelabError(f"serve args: {flag}: kv_connector_extra_config: expected a JSON object")
+    allowed = "; ".join(f"{k}: {v}" for k, v in LMCACHE_KEYS.items())
+    for key, value in extra.items():
+        ok = {"lmcache.chunk_size": isinstance(value, int) and not isinstance(value, bool)
+              and value > 0,
+              "lmcache.local_cpu": value is True,
+              "lmcache.max_local_cpu_size": isinstance(value, (int, float))
+              and not isinstance(value, bool) and value > 0,
+              "lmcache.save_decode_cache": isinstance(value, bool),
+              "lmcache.save_unfull_chunk": value is False}.get(key)
+        if not ok:
+            raise ServelabError(
+                f"serve args: {flag}: LMCacheConnectorV1 kv_connector_extra_config.{key}: found "
+                f"{value!r}; the simulator models {allowed} (set the others on a real server "
+                "only, or drop them)")
+    out.lmcache = dict(extra)
+    out.kv_offloading_backend = "lmcache"
+
+
 def _json_object(flag: str, text: str, example: str) -> dict:
     try:
         value = json.loads(text)
@@ -219,8 +255,11 @@ def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
         elif flag == "--kv-transfer-config":
             config = _json_object(
                 flag, value_of(flag, inline), '{"kv_connector":"NixlConnector","kv_role":"kv_both"}')
-            if config.get("kv_connector") in OFFLOADING_CONNECTORS:
+            connector = config.get("kv_connector")
+            if connector == "OffloadingConnector":
                 _offloading_connector(out, config)
+            elif connector == "LMCacheConnectorV1" and config.get("kv_role") == "kv_both":
+                _lmcache_connector(out, config)   # a producer/consumer role is PD, not a tier
             else:
                 out.kv_transfer_config = config
         elif flag == "--pipeline-parallel-size":
@@ -249,7 +288,8 @@ def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
                 "--max-num-batched-tokens, --gpu-memory-utilization, --max-model-len, "
                 "--[no-]enable-prefix-caching, --served-model-name, --kv-cache-dtype, --block-size, "
                 "--enforce-eager, --disable-custom-all-reduce, --dtype, --kv-offloading-size, "
-                "--kv-offloading-backend, --kv-transfer-config (OffloadingConnector; others "
+                "--kv-offloading-backend, --kv-transfer-config (OffloadingConnector, "
+                "LMCacheConnectorV1 kv_both; others "
                 "predict only); accepted without effect: "
                 + ", ".join(DOCUMENTED_NO_EFFECT)
             )

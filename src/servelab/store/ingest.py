@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from servelab.core.bars import track
 from servelab.core.errors import ServelabError
 from servelab.store import runs as run_record
 from servelab.store.db import DatabaseLocked, Store, open_db
@@ -52,7 +53,7 @@ def ingest(db_path, paths) -> list[IngestReport]:
     store = Store(con)
     reports = []
     try:
-        for path in spools:
+        for path in track(spools, "ingesting spools"):
             reports.append(_ingest_one(store, path))
         for run_id in sorted({r.run_id for r in reports if r.run_known}):
             run_record.finish(con, run_id)

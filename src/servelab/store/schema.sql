@@ -95,6 +95,17 @@ CREATE TABLE IF NOT EXISTS requests (
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS response_id VARCHAR;
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS chunk_token_source VARCHAR;
 ALTER TABLE requests ADD COLUMN IF NOT EXISTS data_quality VARCHAR;
+-- Derived from the row's own chunk lists when it is written (store.db.REQUEST_SCALARS, which says
+-- why; filled in place for rows without them), so the views read numbers, not lists. k_i =
+-- chunk_tokens[i] (1 when NULL or < 1), g_i = chunk_offsets_ms[i] - chunk_offsets_ms[i-1].
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS chunk_count INTEGER;      -- content chunks n
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS chunk_token_sum BIGINT;   -- sum of k_i
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS gap_token_sum BIGINT;     -- sum of k_i, i >= 2
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS gap_sum_ms DOUBLE;        -- sum of g_i
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS gap_mean_ms DOUBLE;       -- mean of g_i
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS gap_token_max_ms DOUBLE;  -- max of g_i / k_i
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS first_chunk_ms DOUBLE;    -- chunk_offsets_ms[1]
+ALTER TABLE requests ADD COLUMN IF NOT EXISTS last_chunk_ms DOUBLE;     -- chunk_offsets_ms[n]
 
 -- Prometheus samples scraped from the target during the run.
 CREATE TABLE IF NOT EXISTS server_metrics (

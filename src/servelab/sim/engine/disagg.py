@@ -41,6 +41,13 @@ from servelab.specs.engine_config import EngineConfig
 ROUTER_HOP_S = 0.001  # one extra HTTP hop through the proxy (assumed; see the module docstring)
 
 
+def handoff_s(link: KVLink, prompt_tokens: int, router_hop_s: float = ROUTER_HOP_S) -> float:
+    """From the prefill step's end to the decode engine holding the prompt's KV: the prefill
+    answer back to the proxy, the proxy's request to a decode instance, the KV read. Predict and
+    the HTTP simulator (``sim.server.pd``) both wait exactly this long."""
+    return FRONTEND_OUT_S + router_hop_s + link.transfer_s(prompt_tokens)
+
+
 class RemoteKVBlockManager(BlockManager):
     """A decode engine's blocks: a request whose KV arrived from a prefill engine matches all its
     prompt but the last token, like vLLM's external (connector) hit; local prefix-cache hits are
@@ -154,8 +161,8 @@ class DisaggRunner(VirtualRunner):
             transfer = self.link.transfer_s(seq.num_prompt_tokens)
             self.transfers.append((rid, seq.num_prompt_tokens, transfer))
             req = self._handoff[rid][0]
-            self._push(t + FRONTEND_OUT_S + self.router_hop_s + transfer, "arrive",
-                       (req, -1, 0.0, None, None))
+            self._push(t + handoff_s(self.link, seq.num_prompt_tokens, self.router_hop_s),
+                       "arrive", (req, -1, 0.0, None, None))
         if self.engines[i].has_unfinished():
             self._start_step(i, t)
         else:

@@ -13,8 +13,8 @@ from servelab.core.errors import ServelabError
 from servelab.sim.engine.block_manager import BlockManager
 from servelab.sim.engine.cost_model import BatchShape, draft_cost_model, target_cost_model
 from servelab.sim.engine.costs import CostParams, calibrated_acceptance
-from servelab.sim.engine.kv_offload import CPUTier, OffloadingBlockManager, host_link
-from servelab.sim.engine.kv_sizing import KVPlan, kv_bytes_per_token, plan_kv_cache
+from servelab.sim.engine.kv_offload import CPUTier, offload_block_manager
+from servelab.sim.engine.kv_sizing import KVPlan, plan_kv_cache
 from servelab.sim.engine.scheduler import Scheduler
 from servelab.sim.engine.sequence import Sequence, Status
 from servelab.sim.engine.spec_decode import SpecDecoder
@@ -37,12 +37,7 @@ def _block_manager(config: EngineConfig, plan: KVPlan) -> BlockManager:
             raise EngineStartupError(
                 f"{config.server_kind}: CPU KV offloading is modelled for vLLM's block-granular "
                 f"prefix cache only (this kind matches {match}-token runs); drop the offload flags")
-        per_token = kv_bytes_per_token(config)
-        tp = config.tensor_parallel_size
-        cpu_blocks = config.kv_offload_num_cpu_blocks or int(
-            config.kv_offload_bytes // (match * per_token * tp))
-        tier = CPUTier(cpu_blocks, match, host_link(config, per_token), tp)
-        return OffloadingBlockManager(plan.kv_tokens // match, match, tier)
+        return offload_block_manager(config, plan.kv_tokens, match)
     return BlockManager(plan.kv_tokens // page, page, config.enable_prefix_caching, match)
 
 
@@ -242,6 +237,9 @@ class Engine:
                 shape.add_prefill(n, seq.num_computed_tokens)
                 spec_counts.append(0)
         duration = self.cost.step_time(shape)
+        if self.offload is not None:
+            # LMCache's copies run inside the step (before and after the forward pass).
+            duration += self.block_manager.sync_stall_s(seqs, counts)
 
         spec = self.spec
         bm = self.block_manager

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from servelab.sim.engine.balancer import least_outstanding
 from servelab.sim.engine.engine import Engine, StepOutput
+from servelab.sim.engine.kv_offload import LOAD, STORE
 
 FRONTEND_IN_S = 0.002    # request sent -> engine sees it
 FRONTEND_OUT_S = 0.0005  # step done -> client receives the chunk
@@ -131,6 +132,13 @@ class StatSample:
     spec_num_drafts_total: int
     spec_num_draft_tokens_total: int
     spec_num_accepted_tokens_total: int
+    # The CPU KV-offload tier (zero without one): tokens asked of it and found in it after the
+    # GPU prefix cache missed, and bytes carried each way (all TP ranks), as vLLM's
+    # OffloadingConnector counts them.
+    offload_queries_total: int = 0
+    offload_hits_total: int = 0
+    offload_load_bytes_total: float = 0.0
+    offload_store_bytes_total: float = 0.0
 
 
 @dataclass
@@ -244,10 +252,13 @@ class VirtualRunner:
     @staticmethod
     def _snapshot(e: Engine) -> tuple:
         s = e.stats
+        tier = e.offload
+        offload = ((tier.queries, tier.hits, tier.dirs[LOAD].bytes, tier.dirs[STORE].bytes)
+                   if tier is not None else (0, 0, 0.0, 0.0))
         return (s.num_running, s.num_waiting, s.kv_usage, s.num_preemptions_total,
                 s.prefix_cache_queries_total, s.prefix_cache_hits_total, s.prompt_tokens_total,
                 s.generation_tokens_total, s.spec_num_drafts_total, s.spec_num_draft_tokens_total,
-                s.spec_num_accepted_tokens_total)
+                s.spec_num_accepted_tokens_total, *offload)
 
     def _start_step(self, i: int, t: float) -> None:
         engine = self.engines[i]

@@ -36,7 +36,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from servelab.sim.engine.kv_offload import LOAD, SIZE_BUCKETS, STORE
+from servelab.sim.engine.kv_offload import LMCACHE_COUNTERS, LOAD, SIZE_BUCKETS, STORE
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -295,7 +295,8 @@ class SimCollector(Collector):
         tier = getattr(engine, "offload", None)
         size = (engine.config.kv_offload_bytes / (1 << 30)
                 if tier is not None and engine.config.kv_offload_bytes else None)
-        return {"kv_offloading_backend": "native", "kv_offloading_size": str(size),
+        return {"kv_offloading_backend": engine.config.kv_offload_backend,
+                "kv_offloading_size": str(size),
                 **({"num_cpu_blocks": str(tier.num_blocks)} if tier is not None else {})}
 
     def offload_families(self):
@@ -312,6 +313,20 @@ class SimCollector(Collector):
                             "External prefix cache hits from KV connector cross-instance cache "
                             "sharing, in terms of number of cached tokens.",
                             [t.hits if t else 0 for t in tiers])
+        if any(getattr(t, "counts", None) is not None for t in tiers):
+            # LMCacheConnectorV1: LMCache's own lmcache:* families (lmcache/observability.py,
+            # labels model_name and worker_id, the TP rank: rank 0's here), not kv_offload_*.
+            for key in LMCACHE_COUNTERS:
+                m = Metric(f"lmcache:num_{key}", f"LMCache {key.replace('_', ' ')}", "counter")
+                for i, t in enumerate(tiers):
+                    labels = {**self._base(i), "worker_id": "0"}
+                    m.add_sample(f"lmcache:num_{key}_total", labels,
+                                 float(t.counts[key] if t else 0))
+                yield m
+            yield self._gauge("lmcache:local_cache_usage", "Local cache usage (bytes) of lmcache",
+                              [len(t.ready_at) * t.link.transfer_bytes(t.block_size)
+                               if t else 0 for t in tiers])
+            return
         kinds = (LOAD, STORE)
         yield self._counter("vllm:kv_offload_total_bytes", "Number of bytes offloaded by KV "
                             "connector", [{k: t.dirs[k].bytes if t else 0 for k in kinds}

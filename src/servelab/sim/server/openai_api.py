@@ -86,7 +86,8 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         headers = {"Retry-After": "1"} if status in (429, 503) else None
         return error_response(ApiError(status, message, err_type), headers)
 
-    driver = pick_driver(sim.drivers)
+    router = sim.pd   # a PD variant: the proxy's legs (``pd``); None: colocated engines
+    driver = pick_driver(sim.drivers if router is None else router.decode)
     if driver is None:
         return error_response(ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError"))
     text, eos_after = sim.output_text(sreq)
@@ -102,17 +103,28 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         expected = sreq.max_tokens if eos_after is None else min(eos_after, sreq.max_tokens)
         stream.set_fault(fault, expected, sim.fault_plan.spec.stall_s)
     resp = None
-    if sreq.stream:
-        resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
-        resp.enable_chunked_encoding()
-        await resp.prepare(request)
-        request[STREAM_STARTED] = True  # the status line (200) is out, whatever happens next
-        stream.transport = request.transport
-    driver.submit(stream, sreq.prompt_ids, sreq.max_tokens, sreq.min_tokens, sreq.ignore_eos,
-                  eos_after, sim.spec_acceptance_hint(sreq.prompt_ids))
     try:
+        if router is not None and not await router.run_prefill(stream, sreq.prompt_ids,
+                                                                request.path):
+            return _engine_dead(sim, rec)
+        if sreq.stream:
+            resp = web.StreamResponse(status=200, headers=SSE_HEADERS)
+            resp.enable_chunked_encoding()
+            await resp.prepare(request)
+            request[STREAM_STARTED] = True  # the status line (200) is out, whatever happens next
+            stream.transport = request.transport
+        if router is not None:
+            driver = await router.hand_off(stream, len(sreq.prompt_ids), request.path)
+            if driver is None:
+                stream.fail(ENGINE_DEAD_MESSAGE, clock())
+                sim.add_record(rec)
+                return resp or _engine_dead(sim, None)
+        driver.submit(stream, sreq.prompt_ids, sreq.max_tokens, sreq.min_tokens, sreq.ignore_eos,
+                      eos_after, sim.spec_acceptance_hint(sreq.prompt_ids))
         await stream.done
     except asyncio.CancelledError:
+        if stream.abort_cb is None and rec.finish_reason is None:
+            sim.add_record(rec)  # gone before an engine had it: no driver records it
         stream.cancel(clock())
         raise
     if resp is not None:
@@ -124,6 +136,14 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     build = chat_response if kind == "chat" else completion_response
     return json_response(build(request_id, sreq.model, created, body_text, rec.finish_reason,
                                rec.prompt_tokens, rec.output_tokens, cached))
+
+
+def _engine_dead(sim, rec: ServerRecord | None) -> web.Response:
+    """500 before any byte of the answer went out; the record, if given, is kept."""
+    if rec is not None:
+        rec.status, rec.error, rec.finished = 500, "engine dead", clock()
+        sim.add_record(rec)
+    return error_response(ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError"))
 
 
 async def models(request: web.Request) -> web.Response:
@@ -142,6 +162,8 @@ async def version(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     sim = request.app[SIM]
+    if sim.pd is not None:  # the toy proxy has no /metrics; each instance serves its own
+        return json_response(b'{"detail":"Not Found"}', 404)
     return web.Response(body=sim.exporter.render(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 

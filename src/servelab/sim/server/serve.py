@@ -17,8 +17,10 @@ from servelab.core.procs import write_ready_file
 from servelab.sim.engine.costs import resolve_cost
 from servelab.sim.engine.kv_sizing import plan_kv_cache
 from servelab.sim.engine.startup_log import dialect
+from servelab.sim.server.pd import connector_lines
 from servelab.sim.server.server import SimServer, new_event_loop
 from servelab.specs.engine_config import EngineConfig
+from servelab.specs.pd import PDSpec
 
 
 @dataclass
@@ -63,21 +65,33 @@ async def log_stats(server: SimServer, interval_s: float = 5.0, write=print) -> 
 
 
 
-def serve(config: EngineConfig, instances: int, salt: str | None, opts: ServeOptions) -> int:
+def serve(config: EngineConfig, instances: int | PDSpec, salt: str | None,
+          opts: ServeOptions) -> int:
     """Print the start-up log (in the dialect of the variant's server kind), serve until a
-    signal, shut down; the exit code."""
+    signal, shut down; the exit code. A PD variant (``instances`` a ``PDSpec``) prints every
+    instance's start-up, each line prefixed ``prefill-0 | `` or ``decode-0 | `` as
+    ``docker compose logs`` prefixes a service's."""
     speaks = dialect(config)
+    pd = instances if isinstance(instances, PDSpec) else None
+    names = [] if pd is None else [f"{pd.role(i)}-{pd.index_in_role(i)}"
+                                   for i in range(pd.prefill + pd.decode)]
 
-    def log(line: str) -> None:
-        print(speaks.format_line(line), flush=True)
+    def log(line: str, instance: str | None = None) -> None:
+        prefix = "" if instance is None else f"{instance} | "
+        print(prefix + speaks.format_line(line), flush=True)
 
+    shown = instances if pd is None else f"{len(names)} ({pd.prefill} prefill + {pd.decode} decode)"
     log(f"servelab sim: {config.model.hf_id} on {config.hardware.name} "
         f"(TP={config.tensor_parallel_size}, DP={config.data_parallel_size}, "
-        f"instances={instances}, kernel path {config.quant.name})")
+        f"instances={shown}, kernel path {config.quant.name})")
     log(f"servelab sim: cost model from {resolve_cost(config)[1]}")
     plan = plan_kv_cache(config)
-    for line in speaks.startup_lines(config, plan, opts.seed):
+    lines = speaks.startup_lines(config, plan, opts.seed)
+    for line in lines if pd is None else ():
         log(line)
+    for i, name in enumerate(names):
+        for line in lines + connector_lines(pd, i, opts.seed):
+            log(line, name)
     if plan.errors:
         print(_vllm_error_line(plan.errors[0]), file=sys.stderr, flush=True)
         return 1
@@ -105,6 +119,14 @@ def serve(config: EngineConfig, instances: int, salt: str | None, opts: ServeOpt
                 f"({len(server.api_keys)} key(s))")
         if server.fault_plan.spec.enabled:
             log(f"Fault injection: {opts.faults}")
+        if server.pd is not None:
+            for inst in server.pd.instances:
+                log(f"servelab sim: {inst.role} instance (engine {inst.driver.index}) serves "
+                    f"/metrics and /health at {inst.url}", inst.name)
+                if speaks.ready_line:
+                    log(speaks.ready_line, inst.name)
+            log(f"servelab sim: {url} is the proxy (vLLM's toy_proxy_server.py): one OpenAI "
+                f"endpoint, no /metrics")
         if speaks.ready_line:
             log(speaks.ready_line)
         if opts.ready_file:

@@ -26,11 +26,14 @@ from aiohttp import web
 from servelab.core.errors import ServelabError
 from servelab.core.timeouts import SIM_READY_S, STOP_GRACE_S
 from servelab.sim.engine.balancer import make_engines
+from servelab.sim.engine.disagg import make_pd_engines
+from servelab.sim.engine.kv_transfer import kv_link
 from servelab.sim.server.auth import authentication, configured_keys
 from servelab.sim.server.faults import FaultPlan, parse_faults
 from servelab.sim.server.metrics import EngineMetrics, MetricsExporter, SimCollector
 from servelab.sim.server.metrics_sglang import SglangCollector
 from servelab.sim.server.openai_api import SIM, add_routes, count_http_requests
+from servelab.sim.server.pd import PDRouter
 from servelab.sim.server.protocol import ServedModel, SimRequest
 from servelab.sim.server.realtime import EngineDriver
 from servelab.sim.server.stream import ServerRecord, clock
@@ -38,6 +41,7 @@ from servelab.sim.server.spec_hint import acceptance_hint, equivalent_acceptance
 from servelab.sim.server.textgen import OutputText, get_corpus, request_key
 from servelab.sim.server.tokenizer import get_tokenizer
 from servelab.specs.engine_config import EngineConfig, build_kind_engine_config
+from servelab.specs.pd import PDSpec
 from servelab.specs.server_kinds import server_kind
 
 DEFAULT_HARDWARE = "L40S"
@@ -72,7 +76,7 @@ class SimServer:
     """Engines, their real-time drivers, and everything the HTTP handlers share."""
 
     def __init__(self, config: EngineConfig, *, seed: int = 0, faults: str | None = None,
-                 instances: int = 1, output_divergence: float | None = None,
+                 instances: int | PDSpec = 1, output_divergence: float | None = None,
                  divergence_salt: str | None = None, guard_s: float = 0.001,
                  resync_after_s: float = 0.05, max_records: int = 200_000,
                  dev_mode: bool | None = None, api_keys=None, log=None):
@@ -82,7 +86,10 @@ class SimServer:
         self.config = config
         self.seed = seed
         self.fault_plan = FaultPlan(parse_faults(faults), seed)
-        self.engines = make_engines(config, seed, count=config.data_parallel_size * instances)
+        # A PD variant's instances are two pools behind a proxy (``pd``); others are like engines.
+        pd = instances if isinstance(instances, PDSpec) else None
+        self.engines = (make_engines(config, seed, count=config.data_parallel_size * instances)
+                        if pd is None else make_pd_engines(config, pd.prefill, pd.decode, seed))
         self.startup_log = list(self.engines[0].startup_log)
         self.tokenizer = get_tokenizer()
         self.corpus = get_corpus()
@@ -98,8 +105,11 @@ class SimServer:
         self.spec_base = (equivalent_acceptance(self.engines[0].spec.acceptance)
                           if config.speculative else None)
         self.frontend = [EngineMetrics(config.max_model_len) for _ in self.engines]
-        self.drivers = [EngineDriver(e, m, self._on_finished, guard_s, resync_after_s)
-                        for e, m in zip(self.engines, self.frontend)]
+        # A prefill leg is the proxy's own request: counted on its instance, never a record.
+        self.drivers = [EngineDriver(e, m, self._on_prefill_finished
+                                     if pd is not None and i < pd.prefill else self._on_finished,
+                                     guard_s, resync_after_s)
+                        for i, (e, m) in enumerate(zip(self.engines, self.frontend))]
         cache_info = {
             "block_size": str(config.block_size), "cache_dtype": config.kv_cache_dtype,
             "enable_prefix_caching": str(config.enable_prefix_caching),
@@ -112,6 +122,9 @@ class SimServer:
         self.exporter = MetricsExporter(COLLECTORS[config.server_kind](
             config.served_model_name, self.engines, self.frontend, cache_info,
             config.num_speculative_tokens, self.http_requests))
+        self.pd = None if pd is None else PDRouter(
+            pd, self.drivers, kv_link(config, pd.kv_link_gb_s),
+            (config.served_model_name, cache_info, config.num_speculative_tokens))
         self.records: list[ServerRecord] = []
         self._next_seq = 1
         self.max_records = max_records
@@ -161,8 +174,17 @@ class SimServer:
         return acceptance_hint(self.spec_method, prompt_ids, self.tokenizer.vocab_size,
                                self.spec_base)
 
+    def _on_prefill_finished(self, driver: EngineDriver, stream, seq) -> None:
+        self._observe(driver, stream.record, seq)
+
     def _on_finished(self, driver: EngineDriver, stream, seq) -> None:
         rec = stream.record
+        self._observe(driver, rec, seq)
+        if self.pd is not None:
+            self.pd.restore_arrival(driver, rec)
+        self.add_record(rec)
+
+    def _observe(self, driver: EngineDriver, rec: ServerRecord, seq) -> None:
         reason = rec.finish_reason or "abort"
         last = rec.chunk_times[-1] if rec.chunk_times else (rec.finished or clock())
         driver.metrics.observe_finished(
@@ -172,7 +194,6 @@ class SimServer:
             scheduled=getattr(seq, "first_scheduled_time", None),
             engine_first_token=getattr(seq, "first_token_time", None),
             engine_last_token=getattr(seq, "last_token_time", None))
-        self.add_record(rec)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """Reset every engine's prefix cache, logging vLLM's lines; True if all of them did."""
@@ -213,6 +234,8 @@ class SimServer:
         """Start the drivers and listen; returns the base URL (``port=0`` picks a free port)."""
         for d in self.drivers:
             d.start()
+        if self.pd is not None:
+            await self.pd.start(host, _listening_socket)
         self._runner = web.AppRunner(self.make_app(), handler_cancellation=True,
                                      access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -226,6 +249,8 @@ class SimServer:
     async def stop(self) -> None:
         for d in self.drivers:
             await d.stop()
+        if self.pd is not None:
+            await self.pd.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -256,14 +281,16 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 def resolve_config(hardware: str | None = None, model: str | None = None, serve_args=(), *,
                    variant: str | None = None, instances: int | None = None,
-                   ) -> tuple[EngineConfig, int, str | None]:
+                   ) -> tuple[EngineConfig, int | PDSpec, str | None]:
     """(engine config, instances, divergence salt) from a hardware name, a model (HF id) and
     ``vllm serve`` flags, or a variant file whose model, serve_args and instances are used
     (explicit arguments win; ``serve_args`` go after the variant's, so they override it, in
-    the variant's server kind's spelling: SGLang's flags for an SGLang variant)."""
+    the variant's server kind's spelling: SGLang's flags for an SGLang variant). A PD variant's
+    instances come back as its ``PDSpec``: the split into prefill and decode instances."""
     args = list(serve_args)
     salt = None
     kind = server_kind()
+    pd = None
     if variant is not None:
         from servelab.specs.variants import load_variant
 
@@ -273,15 +300,21 @@ def resolve_config(hardware: str | None = None, model: str | None = None, serve_
         instances = instances or v.instances
         salt = v.name
         kind = v.kind
+        pd = v.pd
     config = build_kind_engine_config(hardware or DEFAULT_HARDWARE, model or DEFAULT_MODEL, args,
                                       kind)
+    if pd is not None:
+        if instances not in (None, pd.prefill + pd.decode):
+            raise ServelabError(f"--instances {instances}: {variant} has {pd.prefill} prefill + "
+                                f"{pd.decode} decode instances (its pd: block); drop --instances "
+                                f"or change the block")
+        return config, pd, salt
     if config.serve_args.kv_transfer_config is not None:
-        # Serving it as plain engines would show colocated latency under a PD variant's name.
+        # Serving it as plain engines would show colocated latency under a PD-looking config.
         raise ServelabError(
-            f"{variant or 'serve args'}: --kv-transfer-config (prefill/decode disaggregation) is "
-            f"modelled in virtual time only: run `servelab predict --variant {variant or 'V'}` "
-            f"or `servelab matrix --backend predict`; the HTTP simulator has no proxy or KV "
-            f"transfer (docs/variants.md, PD)")
+            f"{variant or 'serve args'}: --kv-transfer-config needs a variant with a `pd:` block "
+            f"(servers/variants/pd_1p1d.yaml), which says which instances prefill and which "
+            f"decode; the simulator serves such a variant behind its proxy (docs/variants.md, PD)")
     return config, instances or 1, salt
 
 

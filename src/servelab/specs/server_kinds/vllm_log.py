@@ -32,6 +32,11 @@ METRICS = {
     "spec_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
     "spec_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
     "cache_config": "vllm:cache_config_info",
+    # The OffloadingConnector's CPU tier (--kv-offloading-size): tokens asked of it and found in
+    # it, and bytes moved, one series per transfer_type (CPU_to_GPU loads, GPU_to_CPU stores).
+    "offload_queries": "vllm:external_prefix_cache_queries_total",
+    "offload_hits": "vllm:external_prefix_cache_hits_total",
+    "offload_bytes": "vllm:kv_offload_total_bytes_total",
 }
 # Linear-layer kernels that run 4-bit weights with 16-bit activations (W4A16).
 INT4_KERNELS = ("MarlinLinearKernel", "MacheteLinearKernel", "AllSparkLinearKernel",

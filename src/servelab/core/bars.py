@@ -1,5 +1,5 @@
-"""Progress bars for the steps a user waits on (compare's stages, the report's figures, the
-matrix's variants): rich bars on stderr, so stdout stays the tables and files a pipeline reads.
+"""Progress bars for the steps a user waits on (compare's stages, the report's figures, ingest's
+spools): rich bars on stderr, so stdout stays the tables and files a pipeline reads.
 
 Shown only when stderr is a terminal: piped or in CI the bar would be redraw noise in a log. A
 step that ends within SHOW_AFTER_S never draws (rich's Live starts on the first refresh after
