@@ -150,7 +150,7 @@ class Predictor:
             windows, spans = closed_loop_plan(self.stages)
             for span in spans:
                 users.add_user(span.start, span.stop, next_session)
-            return users.run(), windows
+            return self._run(users, windows), windows
         windows = open_loop_windows(self.stages)
         for st, win in zip(self.stages, windows):
             cap = InFlightCap(st.max_in_flight) if st.max_in_flight else None
@@ -163,7 +163,17 @@ class Predictor:
                     turns = []
                 if planned is not None:
                     turns.append(planned)
-        return users.run(), windows
+        return self._run(users, windows), windows
+
+    def _run(self, users, windows):
+        """The virtual run, with a bar of virtual seconds against the plan's (stderr, on a
+        terminal, after 2 s: core.bars)."""
+        from servelab.core.bars import bar
+
+        planned = max((w.end for w in windows), default=0.0)
+        with bar(f"predicting {self.variant.name} (virtual s)", int(planned) or None) as advance:
+            users.runner.progress = lambda _t: advance()
+            return users.run()
 
     def _runner(self):
         from servelab.sim.engine.virtual import VirtualRunner

@@ -198,6 +198,8 @@ class VirtualRunner:
         self._caps: dict[str, InFlightCap] = {}
         self.records: list[ClientRecord] = []
         self.samples: list[StatSample] = []
+        # Called with each sampled virtual second (predict's progress bar); None: nothing.
+        self.progress = None
         self.dropped: list[DroppedRequest] = []
         self._next_index = 0
         self.now = 0.0
@@ -334,6 +336,8 @@ class VirtualRunner:
                 break
             while next_sample <= t:
                 self._sample(next_sample)
+                if self.progress is not None:
+                    self.progress(next_sample)
                 next_sample += self.sample_interval_s
             _, _, kind, payload = heapq.heappop(heap)
             self.now = t
