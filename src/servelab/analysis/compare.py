@@ -4,9 +4,10 @@ Groups (groups.py): the runs being compared, grouped by configuration; runs of o
 are repeats. Point estimates are the views' own: a group of one run reads its stage_summary row;
 a group of repeats pools its runs' request_metrics / itl_chunks rows with the same definitions
 (bootstrap.py, all weights 1). Confidence intervals come from a bootstrap over those rows:
-resample the runs of a group (when it has repeats), then the requests of each drawn run, and
-recompute. A difference is "within noise" when the 95% interval of the ratio to the baseline
-contains 1. The compared metrics, their labels and better directions are catalogue.COMPARED.
+resample the runs of a group (when it has repeats), then the requests of each drawn run (in
+random blocks of equal size at campaign scale: bootstrap.py says why that is the same
+interval), and recompute. A difference is "within noise" when the 95% interval of the ratio to
+the baseline contains 1. The compared metrics, their labels and better directions are catalogue.COMPARED.
 """
 from __future__ import annotations
 
@@ -104,8 +105,10 @@ def stage_verdict(labels: list[str], metrics: list[MetricResult]) -> str:
 
 
 def _summary_points(con: duckdb.DuckDBPyConnection, run_ids: list[str], class_name: str) -> dict[tuple, tuple]:
-    """(run_id, stage) -> the compared columns of its stage_summary row, for all runs in one read."""
-    cols = ", ".join(m.column for m in COMPARED)
+    """(run_id, stage) -> the compared columns of its stage_summary row, then window_s and
+    output_tokens_in_window (the bootstrap's throughput inputs), for all runs in one read: the view
+    costs seconds at campaign scale, so it is read once."""
+    cols = ", ".join([m.column for m in COMPARED] + ["window_s", "output_tokens_in_window"])
     return {(r[0], r[1]): r[2:] for r in con.execute(
         f"SELECT run_id, stage, {cols} FROM stage_summary WHERE list_contains(?, run_id) AND class_name = ?",
         [run_ids, class_name]).fetchall()}
@@ -199,9 +202,11 @@ def compare_groups(
     singles = [g.run_ids[0] for g in groups if len(g.run_ids) == 1]
     exact_rows = exact_itl(con, singles) if exact else None
     points = _summary_points(con, [r for g in groups for r in g.run_ids], class_name)
-    # Default: every stage's rows in three reads, ITL resampled from the requests' sketches (the
-    # figure stage_summary shows); --exact reads each stage's chunk gaps (exact, slower).
-    batched = None if exact else load_stages(con, [g.run_ids for g in groups], class_name)
+    # Default: every stage's rows in two reads beside the stage_summary read above, ITL resampled
+    # from the requests' sketches (the figure stage_summary shows); --exact reads each stage's
+    # chunk gaps (exact, slower).
+    windows = {key: row[len(COMPARED):] for key, row in points.items()}
+    batched = None if exact else load_stages(con, [g.run_ids for g in groups], class_name, windows)
     results = []
     stages = sorted({r["stage"] for r in stage_rows})
     for stage in track(stages, "compare: stages", len(stages)):
