@@ -22,3 +22,8 @@ WORKERS_READY_S = 120.0   # Locust workers connecting to their master
 MASTER_EXIT_S = 180.0     # the master draining and writing its record after Ctrl-C
 STOP_GRACE_S = 15.0       # SIGTERM to SIGKILL for any child
 HTTP_PROBE_S = 10.0       # one probe of a server (/v1/models, /metrics, /tokenize)
+# The load plan's own timing, which the real-time driver (loadgen.shapes) and predict's copy of
+# it (sim.engine.virtual_stages) must share to give the same stage windows.
+REACH_POLL_S = 0.05       # a level's user count is checked this often until all users run
+SPAWN_RATE_CAP = 100.0    # the default spawn rate: the level, at most this many users/s per worker
+OPEN_LEAD_S = 1.0         # open-loop schedules start this long after they are announced

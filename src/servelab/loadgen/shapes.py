@@ -23,13 +23,12 @@ import time
 import gevent
 from locust import LoadTestShape
 
-from servelab.sim.engine.virtual_stages import OPEN_LEAD_S, REACH_POLL_S, SPAWN_RATE_CAP
+from servelab.core.timeouts import OPEN_LEAD_S, REACH_POLL_S, SPAWN_RATE_CAP
 from servelab.store.runs import mismatched
 
 log = logging.getLogger("servelab.loadgen")
-# OPEN_LEAD_S, REACH_POLL_S, SPAWN_RATE_CAP (the open-loop lead, the user-count poll, the default
-# spawn rate's cap per worker) live with predict's copy of this driver, so virtual time and real
-# time cannot drift apart.
+# OPEN_LEAD_S, REACH_POLL_S, SPAWN_RATE_CAP come from core.timeouts, which predict's copy of this
+# driver (sim.engine.virtual_stages) reads too: virtual and real time cannot drift apart.
 REACH_GRACE_S = 30.0     # a level whose users never all report is timed from here on
 
 

@@ -21,7 +21,7 @@ from servelab.core import yamlsource
 from servelab.specs.pd import PDSpec, check_pd
 from servelab.specs.serve_args import FLAG_ALIASES
 from servelab.specs.server_kinds import DEFAULT_KIND, KINDS, SPECULATIVE_METHODS, ServerKind
-from servelab.specs.server_kinds.kind import is_model_ref
+from servelab.specs.server_kinds.kind import is_model_ref, parse_flags
 
 WEIGHT_PRECISIONS = ("bf16", "fp16", "fp8", "int8", "int4")
 ACTIVATION_PRECISIONS = ("bf16", "fp16", "fp8", "int8")
@@ -201,21 +201,7 @@ def variant_flag_map(args: list[str] | tuple[str, ...],
     every flag, including those real vLLM takes but the simulator does not model. What a flag
     *means* for the engine is ``specs.serve_args.parse_serve_args``'s job (strict, -> ServeArgs),
     which the simulator and predict apply to the same serve_args."""
-    parsed: dict[str, str | bool] = {}
-    i = 0
-    while i < len(args):
-        token = args[i]
-        flag, eq, value = token.partition("=")
-        flag = aliases.get(flag, flag).replace("_", "-") if flag.startswith("-") else flag
-        if eq:
-            parsed[flag] = value
-        elif i + 1 < len(args) and not args[i + 1].startswith("-"):
-            parsed[flag] = args[i + 1]
-            i += 1
-        else:
-            parsed[flag] = True
-        i += 1
-    return parsed
+    return parse_flags(args, aliases)
 
 
 def _build(path: Path, doc: yamlsource.YamlDoc, environ) -> Variant:

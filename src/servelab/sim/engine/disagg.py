@@ -120,14 +120,8 @@ class DisaggRunner(VirtualRunner):
         max_tokens = req.max_tokens or req.output_len
         self.engines[i].add_request(rid, ids, 1, ignore_eos=True, arrival_time=t)
         self._handoff[rid] = (replace(req, request_id=rid), ids, max_tokens)
-        rec = ClientRecord(rid, req.class_name, i, sent_s, len(ids), max_tokens,
-                           scheduled_s=scheduled_s)
-        if cap is not None:
-            self._caps[rid] = cap
-        self._live[rid] = rec
-        self.records.append(rec)
-        if not self._busy[i]:
-            self._start_step(i, t)
+        self._admit(t, i, ClientRecord(rid, req.class_name, i, sent_s, len(ids), max_tokens,
+                                       scheduled_s=scheduled_s), cap)
 
     def _to_decode(self, t: float, rid: str) -> None:
         req, ids, max_tokens = self._handoff.pop(rid)

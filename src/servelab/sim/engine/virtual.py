@@ -282,15 +282,18 @@ class VirtualRunner:
         self.engines[i].add_request(rid, ids, max_tokens, min_tokens=req.min_tokens,
                                     ignore_eos=req.ignore_eos, eos_after=eos_after, arrival_time=t,
                                     spec_acceptance=req.spec_acceptance)
-        rec = ClientRecord(rid, req.class_name, i, sent_s, len(ids), max_tokens,
-                            scheduled_s=scheduled_s)
+        self._admit(t, i, ClientRecord(rid, req.class_name, i, sent_s, len(ids), max_tokens,
+                                       scheduled_s=scheduled_s), cap)
+        # A request that waits for a busy engine shows up in the gauges at that step's end.
+
+    def _admit(self, t: float, i: int, rec: ClientRecord, cap: InFlightCap | None) -> None:
+        """Track a request just added to engine ``i``'s queue, and wake that engine if idle."""
         if cap is not None:
-            self._caps[rid] = cap
-        self._live[rid] = rec
+            self._caps[rec.request_id] = cap
+        self._live[rec.request_id] = rec
         self.records.append(rec)
         if not self._busy[i]:
             self._start_step(i, t)
-        # A request that waits for a busy engine shows up in the gauges at that step's end.
 
     def _step_done(self, t: float, i: int, out: StepOutput, snapshot: tuple) -> None:
         self._current[i] = snapshot

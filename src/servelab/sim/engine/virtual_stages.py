@@ -30,10 +30,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from servelab.core.timeouts import OPEN_LEAD_S, REACH_POLL_S, SPAWN_RATE_CAP
+
 TICK_S = 1.0           # Locust's shape worker: one tick per second
-REACH_POLL_S = 0.05    # StageDriver._watch_reached polls the user count this often
-SPAWN_RATE_CAP = 100.0  # StageDriver's default spawn rate: the level, at most this per worker
-OPEN_LEAD_S = 1.0      # loadgen.shapes.OPEN_LEAD_S: open-loop schedules start this much later
 TRACE_PAD_S = 0.001    # a trace stage's span gains this, so its last arrival is inside it
 
 

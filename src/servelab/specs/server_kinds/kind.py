@@ -69,6 +69,27 @@ HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 MODEL_PATH_RE = re.compile(r"^(?:/|\./|\.\./|~/?)\S*$")
 
 
+def parse_flags(args, aliases: dict[str, str], next_flag: str = "-") -> dict[str, str | bool]:
+    """``['--tp', '2', '--enable-metrics', '--x=1']`` -> {'--tp-size': '2', '--enable-metrics':
+    True, '--x': '1'}: a flag takes the next token as its value unless that token starts with
+    ``next_flag`` (vLLM: any dash; SGLang: ``--``, so ``-1`` is a value); aliases become the long
+    spelling and underscores dashes."""
+    parsed: dict[str, str | bool] = {}
+    i = 0
+    while i < len(args):
+        flag, eq, value = args[i].partition("=")
+        flag = aliases.get(flag, flag).replace("_", "-") if flag.startswith("-") else flag
+        if eq:
+            parsed[flag] = value
+        elif i + 1 < len(args) and not args[i + 1].startswith(next_flag):
+            parsed[flag] = args[i + 1]
+            i += 1
+        else:
+            parsed[flag] = True
+        i += 1
+    return parsed
+
+
 def is_model_ref(text) -> bool:
     """An HF id (``org/name``) or a local folder path, the two forms a server's model takes."""
     return isinstance(text, str) and bool(HF_ID_RE.match(text) or MODEL_PATH_RE.match(text))

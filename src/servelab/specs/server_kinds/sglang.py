@@ -29,7 +29,7 @@ The log and /metrics grammar is ``sglang_log``.
 from __future__ import annotations
 
 from servelab.specs.server_kinds import sglang_log
-from servelab.specs.server_kinds.kind import ServerKind, is_model_ref
+from servelab.specs.server_kinds.kind import ServerKind, is_model_ref, parse_flags
 
 VERSION = "0.5.21"
 # QUANTIZATION_CHOICES of 0.5.21 that name a method for a dense model servelab reasons about.
@@ -69,20 +69,7 @@ _GPU_TIERS = ((20 * 1024, 2048, 8, 8), (35 * 1024, 4096, 48, 160), (60 * 1024, 4
 
 def flag_map(serve_args: list[str]) -> dict:
     """``['--tp', '2', '--enable-metrics']`` -> {'--tp-size': '2', '--enable-metrics': True}."""
-    parsed: dict = {}
-    i = 0
-    while i < len(serve_args):
-        flag, eq, value = serve_args[i].partition("=")
-        flag = ALIASES.get(flag, flag).replace("_", "-")
-        if eq:
-            parsed[flag] = value
-        elif i + 1 < len(serve_args) and not serve_args[i + 1].startswith("--"):
-            parsed[flag] = serve_args[i + 1]
-            i += 1
-        else:
-            parsed[flag] = True
-        i += 1
-    return parsed
+    return parse_flags(serve_args, ALIASES, next_flag="--")
 
 
 def _where(serve_args: list[str], flag: str) -> tuple:
