@@ -113,3 +113,20 @@ def test_bad_calibration_file_names_file_line_field(tmp_path, params, field):
         load_calibration(path)
     msg = str(exc.value)
     assert msg.startswith(f"{path}:") and field in msg and "allowed" in msg
+
+
+def test_schedule_check_sees_a_late_request_and_a_shared_blocker():
+    from servelab.orchestration.calibrate import Replayed, on_schedule
+    from servelab.orchestration.calibrate_probes import Measured, Probe
+
+    probe = Probe("decode_b4", "", 4, 128, 8)
+    rp = Replayed([], {}, 28, [0, 1, 1, 1, 1])   # the blocker's step, then all four together
+    def measured(times):
+        m = Measured(probe, 4095, [[1]] * 5)
+        m.first_chunk = times
+        return m
+    step = 0.005
+    assert on_schedule(measured([0.0, 0.080, 0.0801, 0.0802, 0.0803]), rp, step)
+    assert not on_schedule(measured([0.0, 0.080, 0.0801, 0.0802, 0.0862]), rp, step)  # a step late
+    assert not on_schedule(measured([0.100, 0.1001, 0.1002, 0.1003, 0.1004]), rp, step)  # shared
+    assert not on_schedule(measured([0.0, 0.080, None, 0.0802, 0.0803]), rp, step)  # no chunk

@@ -3,6 +3,7 @@ import re
 
 import pytest
 
+from servelab.core.errors import ServelabError
 from servelab.sim.engine import Engine, EngineStartupError, build_engine_config, preflight
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
@@ -88,3 +89,16 @@ def test_preflight_numbers_for_a_quantized_14b_on_l40s():
     assert awq.kv_tokens > 2.4 * bf16.kv_tokens
     assert bf16.concurrency_at(2048) == pytest.approx(bf16.num_blocks / 128)
     assert awq.max_concurrency > 20 > bf16.max_concurrency > 8
+
+
+def test_kv_cache_memory_bytes_reserves_exactly_that():
+    fixed = preflight("H200", "Qwen/Qwen2.5-7B-Instruct", ["--kv-cache-memory-bytes", "20G"])
+    kvb = fixed.kv_bytes_per_token
+    assert fixed.num_blocks == int(20 * 2**30 // (16 * kvb)) and not fixed.errors
+    assert any("skipped memory profiling" in line for line in fixed.log_lines)
+    decimal = preflight("H200", "Qwen/Qwen2.5-7B-Instruct", ["--kv-cache-memory-bytes", "21.5g"])
+    assert decimal.available_kv_gib == pytest.approx(21.5e9 / 2**30)
+    assert preflight("H200", "Qwen/Qwen2.5-7B-Instruct",
+                     ["--kv-cache-memory-bytes", "200G"]).errors[0].startswith("torch.OutOfMemory")
+    with pytest.raises(ServelabError, match="--kv-cache-memory-bytes: found '1.5G'"):
+        preflight("H200", "Qwen/Qwen2.5-7B-Instruct", ["--kv-cache-memory-bytes", "1.5G"])

@@ -40,6 +40,7 @@ class Replayed:
     shapes: list
     weights: dict[str, np.ndarray]      # metric -> weight of each step in its total
     decode_steps: int                   # sum over requests of (output tokens - 1)
+    first_steps: list[int]              # per prompt: the step that returns its first token
 
 
 class _ShapeLog:
@@ -89,7 +90,26 @@ def replay(config, m: Measured) -> Replayed:
         prefill[start:first[rid] + 1] += 1
         decode[first[rid] + 1:last[rid] + 1] += 1
     return Replayed(log.shapes, {"prefill_s": prefill, "decode_s": decode},
-                    sum(n - 1 for n in output))
+                    sum(n - 1 for n in output), [first[s.request_id] for s in seqs])
+
+
+def on_schedule(m: Measured, rp: Replayed, step_s: float) -> bool:
+    """Whether the server ran the probe as replayed, from each request's first chunk: sorted,
+    the chunks the replay puts in one step leave no gap of half a step (``step_s``, the shortest
+    step seen: decode_b1's ITL), and each later step's come at least half a step after. A request
+    that arrived after its step began, or a blocker that shared a step, breaks one of the two;
+    the client reading 64 streams one after another does not (its reads are ~50 us apart)."""
+    if not m.blocker:
+        return True
+    groups: dict[int, list[float]] = {}
+    for t, k in zip(m.first_chunk, rp.first_steps):
+        if t is None:
+            return False
+        groups.setdefault(k, []).append(t)
+    tol = step_s / 2
+    ordered = [sorted(v) for _, v in sorted(groups.items())]
+    return (all(b - a <= tol for g in ordered for a, b in zip(g, g[1:]))
+            and all(b[0] - a[-1] >= tol for a, b in zip(ordered, ordered[1:])))
 
 
 def predicted(config, theta: dict, replays: list[Replayed]) -> np.ndarray:
@@ -202,32 +222,40 @@ def calibrate(variant, hardware: str, target: str, out: Path | None = None,
                        output_tokens)
     blocker = min(config.max_num_batched_tokens, config.max_model_len - 1, 4096)
     t0 = time.monotonic()
-    ms = []
+    ms, replays, step_s, lead_s = [], [], None, 0.005
     for rep in range(repeat):
         for probe in probes:
-            m = client.run(probe, blocker)
-            # A busy client host can be slower than one prefill step: a probe whose requests
-            # missed the blocker's step would be fitted against the wrong schedule. Again, a few
-            # times; one still late stays marked in the output and the file's residuals.
-            for _ in range(LATE_RETRIES):
+            # A busy host (client or server) can miss the blocker's step: a probe the server did
+            # not schedule as replayed would be fitted against the wrong steps. Again, a few
+            # times; one still late is left out of the fit and marked in its residuals.
+            for _ in range(1 + LATE_RETRIES):
+                m = client.run(probe, blocker, lead_s)
+                rp = replay(config, m)
+                m.late = m.late or (step_s is not None and not on_schedule(m, rp, step_s))
                 if not m.late:
                     break
-                m = client.run(probe, blocker)
+            if probe.batch == 1 and m.client_itl_ms:
+                step_s = min(step_s or math.inf, m.client_itl_ms / 1e3)
+            if probe.batch == 1 and probe.prompt >= blocker:
+                lead_s = m.deltas["prefill_s"] * blocker / probe.prompt / 4
             ms.append(m)
+            replays.append(rp)
             say(f"  probe {probe.name:<24} prefill {1e3 * m.deltas['prefill_s']:9.2f} ms  "
-                f"decode {1e3 * m.deltas['decode_s']:9.2f} ms{'  (late arrivals)' if m.late else ''}")
+                f"decode {1e3 * m.deltas['decode_s']:9.2f} ms{'  (late: not fitted)' if m.late else ''}")
     probe_s = time.monotonic() - t0
-    replays = [replay(config, m) for m in ms]
-    theta = fit(config, ms, replays)
+    on_time = [i for i, m in enumerate(ms) if not m.late] or list(range(len(ms)))
+    theta = fit(config, [ms[i] for i in on_time], [replays[i] for i in on_time])
     rows = residual_rows(config, ms, replays, theta)
-    errs = [abs(r["error"]) for r in rows]
+    errs = [abs(r["error"]) for r in rows if not r["late"]] or [abs(r["error"]) for r in rows]
+    late = sorted({r["probe"] for r in rows if r["late"]})
     doc = {
         "format": CALIBRATION_FORMAT, "variant": variant.name, "hardware": config.hardware.name,
         "model": config.model.hf_id, "applies_to": applies_to(config), "source": "probes",
         "params": {k: float(f"{v:.6g}") for k, v in theta.items()},
         "fitted": list(FITTED),
-        "fit": {"probes": len(ms), "totals": len(errs), "rms_error": round(math.sqrt(
-            sum(e * e for e in errs) / len(errs)), 4), "max_abs_error": round(max(errs), 4)},
+        "fit": {"probes": len(on_time), "totals": len(errs), "rms_error": round(math.sqrt(
+            sum(e * e for e in errs) / len(errs)), 4), "max_abs_error": round(max(errs), 4),
+            "late_not_fitted": late},
         "measured": {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(
             timespec="seconds"), "target": target, "client_host": socket.gethostname(),
             "served_model": client.model, "server_version": client.version(),

@@ -4,12 +4,12 @@ sent so the server schedules them the way the fit assumes, and what the server's
 
 Every probe prompt is a list of random token ids (exact lengths without the server's tokenizer,
 and no two prompts share a prefix-cache block). A probe of more than one request is sent behind
-a *blocker*: one request whose prompt fills a whole step's token budget. The engine starts the
-blocker alone (it is the only request waiting); the probe's requests, written on connections
-opened beforehand, arrive while that step runs, so the scheduler sees them all waiting at once,
-which is what the replay in ``orchestration.calibrate`` reproduces. A probe whose requests were
-not all written before the blocker's first token came back is flagged ``late``: its schedule is
-not the replayed one.
+a *blocker*: one request whose prompt fills a whole step's token budget. Every request is written
+but for the last byte of its body before the blocker is sent; a quarter of the blocker's prefill
+later, one byte per request completes the others, so the scheduler finds them all waiting at
+once behind it, which is what the replay in
+``orchestration.calibrate`` reproduces. Whether the server really scheduled them so is checked
+there, from each request's first chunk (``first_chunk``), against the replay's steps.
 """
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ class Measured:
     per_pos: list[float] = field(default_factory=list)
     client_itl_ms: float | None = None             # median gap between content chunks
     client_ttft_ms: float | None = None            # median over the probe's requests
-    late: bool = False
+    first_chunk: list[float | None] = field(default_factory=list)  # per prompt: first data line
+    late: bool = False                             # not scheduled as the replay assumes
 
 
 def probe_set(budget: int, max_model_len: int, max_num_seqs: int, output: int = 32) -> list[Probe]:
@@ -70,9 +71,9 @@ def probe_set(budget: int, max_model_len: int, max_num_seqs: int, output: int = 
         Probe("prefill_2k", "per-token GEMM cost (compute-bound prefill)", 1, 2048, 1),
         Probe(f"prefill_{longest}", "attention's quadratic term at the longest one-step prompt",
               1, longest, 1),
+        Probe("decode_b1", "weight streaming plus the fixed per-step cost", 1, 128, output),
         Probe("prefill_batch_16x256", "one step of 16 prefill chunks (per-chunk, per-request costs)",
               16, 256, 1),
-        Probe("decode_b1", "weight streaming plus the fixed per-step cost", 1, 128, output),
         Probe("decode_b16", "per-request step cost at a small context", 16, 128, output),
         Probe(f"decode_b16_ctx{ctx}", "KV-cache reads against context length", 16, ctx, output),
         Probe(f"decode_b{wide}", "per-request step cost at a wide batch", wide, 128, output),
@@ -154,35 +155,34 @@ class ProbeClient:
     def prompt(self, n: int) -> list[int]:
         return [self.rng.randrange(*TOKEN_RANGE) for _ in range(n)]
 
-    def run(self, probe: Probe, blocker: int) -> Measured:
+    def run(self, probe: Probe, blocker: int, lead_s: float = 0.005) -> Measured:
+        """``lead_s``: how long the blocker runs alone before the others' last bytes go (a
+        quarter of its own prefill, once calibrate has measured that)."""
         prompts = [self.prompt(probe.prompt) for _ in range(probe.batch)]
         use_blocker = blocker if probe.batch > 1 else 0
         m = Measured(probe, use_blocker, ([self.prompt(use_blocker)] if use_blocker else []) + prompts)
         before, pos0 = self.counters()
-        conns = [self._connect() for _ in prompts]
-        results: list[tuple | None] = [None] * len(prompts)
-        blocker_done = threading.Event()
-        first_back = [float("inf")]
+        outputs = [1] * bool(use_blocker) + [probe.output] * probe.batch
+        # Every request but its body's last byte is on the wire before the blocker starts, so
+        # what is left to send and parse inside the blocker's step is one byte per request.
+        held = [self._prepare(p, n) for p, n in zip(m.prompts, outputs)]
+        results: list[tuple | Exception | None] = [None] * len(held)
+        threads = [threading.Thread(target=self._stream, args=(c, last, results, i))
+                   for i, (c, last) in enumerate(held)]
         if use_blocker:
-            bconn = self._connect()
-            bt = threading.Thread(target=self._blocker, args=(bconn, m.prompts[0], first_back,
-                                                              blocker_done))
-            bt.start()
-            time.sleep(0.005)  # the blocker is scheduled alone before the probe's requests exist
-        threads = [threading.Thread(target=self._stream, args=(c, p, probe.output, results, i))
-                   for i, (c, p) in enumerate(zip(conns, prompts))]
-        for t in threads:
+            threads[0].start()
+            time.sleep(lead_s)
+        for t in threads[bool(use_blocker):]:
             t.start()
         for t in threads:
             t.join()
-        if use_blocker:
-            bt.join()
         for r in results:
             if isinstance(r, Exception):
                 raise r
-        sent = [r[0] for r in results]
-        m.late = bool(use_blocker) and max(sent) > first_back[0]
-        self._client_figures(m, results)
+        m.first_chunk = [r[3] for r in results]
+        if use_blocker:
+            m.late = max(r[0] for r in results[1:]) > (m.first_chunk[0] or float("inf"))
+        self._client_figures(m, results[bool(use_blocker):])
         want = before["requests"] + len(m.prompts)
         deadline = time.monotonic() + 10.0
         while True:  # the server records a request's histograms just after its last chunk
@@ -209,33 +209,34 @@ class ProbeClient:
                            "min_tokens": max_tokens, "ignore_eos": True, "temperature": 0.0,
                            "stream": True}).encode()
 
-    def _blocker(self, conn, prompt, first_back, done) -> None:
-        try:
-            conn.request("POST", "/v1/completions", self._body(prompt, 1), self.headers)
-            resp = conn.getresponse()
-            resp.readline()
-            first_back[0] = time.perf_counter()
-            resp.read()
-        finally:
-            conn.close()
-            done.set()
+    def _prepare(self, prompt: list[int], max_tokens: int) -> tuple[http.client.HTTPConnection, bytes]:
+        conn = self._connect()
+        body = self._body(prompt, max_tokens)
+        conn.putrequest("POST", "/v1/completions", skip_accept_encoding=True)
+        for k, v in {**self.headers, "Content-Length": str(len(body))}.items():
+            conn.putheader(k, v)
+        conn.endheaders(body[:-1])
+        return conn, body[-1:]
 
-    def _stream(self, conn, prompt, max_tokens, results, i) -> None:
+    def _stream(self, conn, last: bytes, results, i) -> None:
         try:
             t0 = time.perf_counter()
-            conn.request("POST", "/v1/completions", self._body(prompt, max_tokens), self.headers)
+            conn.send(last)
             sent = time.perf_counter()
             resp = conn.getresponse()
             if resp.status != 200:
                 raise ServelabError(f"--target {self.url}: a probe request answered {resp.status}: "
                                     f"{resp.read()[:300].decode('utf-8', 'replace')}")
-            times = []
+            times, first = [], None
             for line in resp:
                 if line.startswith(b"data: [DONE]"):
                     break
-                if line.startswith(b"data: ") and b'"text":""' not in line.replace(b" ", b""):
-                    times.append(time.perf_counter())
-            results[i] = (sent, t0, times)
+                if line.startswith(b"data: "):
+                    now = time.perf_counter()
+                    first = first or now  # the step's output, even a token of no text yet
+                    if b'"text":""' not in line.replace(b" ", b""):
+                        times.append(now)
+            results[i] = (sent, t0, times, first)
         except OSError as exc:  # a thread cannot raise to the caller: run() re-raises it
             results[i] = ServelabError(f"--target {self.url}: a probe stream failed ({exc})")
         except ServelabError as exc:

@@ -7,6 +7,7 @@ flag, so a variant never silently means something different in the simulator tha
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from servelab.core.errors import ServelabError
@@ -61,6 +62,7 @@ class ServeArgs:
     max_num_batched_tokens: int | None = None
     # vLLM 0.26's default (its start-up log: "--gpu-memory-utilization=0.9200"); 0.9 before.
     gpu_memory_utilization: float = 0.92
+    kv_cache_memory_bytes: int | None = None   # vLLM: this much KV cache, memory profiling skipped
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     served_model_name: list[str] = field(default_factory=list)
@@ -133,6 +135,7 @@ _VALUE_FLAGS = {
     "--max-num-seqs": ("max_num_seqs", _int),
     "--max-num-batched-tokens": ("max_num_batched_tokens", _int),
     "--gpu-memory-utilization": ("gpu_memory_utilization", _memory_fraction),
+    "--kv-cache-memory-bytes": ("kv_cache_memory_bytes", lambda flag, v: _human_int(flag, v)),
     "--max-model-len": ("max_model_len", _int),
     "--kv-cache-dtype": ("kv_cache_dtype",
                          lambda flag, v: _choice(flag, v.lower(), KV_CACHE_DTYPES)),
@@ -150,6 +153,24 @@ _SWITCHES = {
     "--enforce-eager": ("enforce_eager", True),
     "--disable-custom-all-reduce": ("disable_custom_all_reduce", True),
 }
+
+
+def _human_int(flag: str, text: str) -> int:
+    """vLLM's human_readable_int: 25.6k = 25,600 (k m g t: powers of 1,000), 20G = 20 x 2**30
+    (K M G T: powers of 1,024, whole numbers only), or a plain integer."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT])", text.strip())
+    if m and m.group(2).islower():
+        v = int(float(m.group(1)) * 1000 ** ("kmgt".index(m.group(2)) + 1))
+    elif m and "." not in m.group(1):
+        v = int(m.group(1)) * 1024 ** ("KMGT".index(m.group(2)) + 1)
+    elif not m and text.strip().isdigit():
+        v = int(text)
+    else:
+        raise ServelabError(f"serve args: {flag}: found {text!r}; allowed a byte count such as "
+                            "21474836480, 20G (GiB) or 21.5g (10**9)")
+    if v <= 0:
+        raise ServelabError(f"serve args: {flag}: found {text!r}; allowed a byte count above 0")
+    return v
 
 
 def _gib(flag: str, text: str) -> float:
@@ -285,7 +306,8 @@ def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
             raise ServelabError(
                 f"serve args: unknown or unsimulated vLLM flag {flag!r}; simulated flags: --quantization, "
                 "--speculative-config, --tensor-parallel-size, --data-parallel-size, --max-num-seqs, "
-                "--max-num-batched-tokens, --gpu-memory-utilization, --max-model-len, "
+                "--max-num-batched-tokens, --gpu-memory-utilization, --kv-cache-memory-bytes, "
+                "--max-model-len, "
                 "--[no-]enable-prefix-caching, --served-model-name, --kv-cache-dtype, --block-size, "
                 "--enforce-eager, --disable-custom-all-reduce, --dtype, --kv-offloading-size, "
                 "--kv-offloading-backend, --kv-transfer-config (OffloadingConnector, "

@@ -105,6 +105,9 @@ def plan_kv_cache(config: EngineConfig) -> KVPlan:
         # The fraction holds weights + KV only (SGLang): the rest is reserved beside it.
         requested = min(total, requested + act + non_torch + graphs)
     available = requested - weights - act - non_torch - graphs
+    fixed_kv = config.serve_args.kv_cache_memory_bytes if config.serve_args else None
+    if fixed_kv:  # vLLM skips the memory profile and reserves exactly this (the fraction is moot)
+        available = float(fixed_kv)
     kvb = kv_bytes_per_token(config)
     bs = config.block_size
     num_blocks = max(0, int(available // (bs * kvb)))
@@ -126,6 +129,16 @@ def plan_kv_cache(config: EngineConfig) -> KVPlan:
         )
         return plan
     plan.log_lines.append(f"Model loading took {weights / GIB:.4f} GiB and {load_s:.6f} seconds")
+    if fixed_kv:
+        if weights + act + non_torch + graphs + available > total:
+            plan.errors.append(
+                f"torch.OutOfMemoryError: CUDA out of memory. --kv-cache-memory-bytes reserves "
+                f"{available / GIB:.2f} GiB beside {(weights + act + non_torch + graphs) / GIB:.2f} "
+                f"GiB of weights, activations and graphs; the {hw.name} has {total / GIB:.2f} GiB.")
+            return plan
+        plan.log_lines.append(
+            f"Initial free memory {total / GIB:.2f} GiB, reserved {available / GIB:.2f} GiB memory "
+            "for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling.")
     if available <= 0 or num_blocks == 0:
         plan.errors.append(NO_MEMORY_MSG)
         return plan

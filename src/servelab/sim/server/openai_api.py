@@ -59,9 +59,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     sim = request.app[SIM]
-    arrival = clock()
     try:
-        body = parse_body(await request.read())
+        raw = await request.read()
+        arrival = clock()  # as vLLM: arrived once the body is in (a slow upload is not queueing)
+        body = parse_body(raw)
         resolve_model(body, sim.served)
         prompt = prompt_input(kind, body, sim.tokenizer.vocab_size)
         prompt_ids = await sim.encode(prompt) if isinstance(prompt, str) else prompt
