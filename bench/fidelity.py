@@ -17,7 +17,11 @@ little late), not the cost model. Figures are exact per run (the views' exact qu
 real-time side is one sample of a noisy machine, so repeat it (``--repeat``) before trusting a
 difference under a few percent.
 
-Usage: python bench/fidelity.py [--variant bf16] [--hardware H100] [--levels 1,8,32]
+Section "real GPU" (issue 13, item 5) is ``bench/fidelity_gpu.py``: every probe-calibrated variant
+predicted against the ``vllm bench serve`` sweeps captured on the same H200. It runs first (in
+virtual time, about a second); ``--gpu-only`` stops there.
+
+Usage: python bench/fidelity.py [--gpu-only] [--variant bf16] [--hardware H100] [--levels 1,8,32]
                                 [--hold 8] [--warmup 2] [--repeat 1] [--keep DIR]
 """
 from __future__ import annotations
@@ -134,7 +138,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--keep", help="keep the database and profile in this folder")
+    ap.add_argument("--gpu-only", action="store_true", help="only the real-GPU section")
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT / "bench"))
+    import fidelity_gpu
+
+    print("== real GPU: calibrated predictions against captured vllm bench serve sweeps ==")
+    fidelity_gpu.main([])
+    if args.gpu_only:
+        return 0
+    print("\n== time model: servelab predict against servelab run on the simulator ==")
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="servelab-fidelity-"))
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("SERVELAB_DB", str(work / "unused.duckdb"))

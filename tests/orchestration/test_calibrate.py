@@ -130,3 +130,24 @@ def test_schedule_check_sees_a_late_request_and_a_shared_blocker():
     assert not on_schedule(measured([0.0, 0.080, 0.0801, 0.0802, 0.0862]), rp, step)  # a step late
     assert not on_schedule(measured([0.100, 0.1001, 0.1002, 0.1003, 0.1004]), rp, step)  # shared
     assert not on_schedule(measured([0.0, 0.080, None, 0.0802, 0.0803]), rp, step)  # no chunk
+
+
+def test_the_h200_probe_calibrations_apply_and_hold_at_one_user():
+    """The files calibrate wrote against real vLLM 0.26 on an H200 (servers/calibration/README.md)
+    are the ones a matching configuration gets, and at one user they predict the captured
+    `vllm bench serve` level within issue 13's 15% (bench/fidelity_gpu.py prints every level)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import fidelity_gpu
+
+    for variant, flags in fidelity_gpu.FLAGS.items():
+        path = REPO / f"servers/calibration/H200-Qwen--Qwen2.5-7B-Instruct-{variant}.yaml"
+        cal = load_calibration(path)
+        assert cal.source == "probes" and yaml.safe_load(path.read_text())["measured"][
+            "server_version"] == "0.26.0"
+        assert find_calibration(build_engine_config("H200", "Qwen/Qwen2.5-7B-Instruct", flags)) == cal
+        real = fidelity_gpu.measured(variant, 1)
+        pred = fidelity_gpu.predicted(variant, 1, real["requests"], defaults=False)
+        for figure in ("tpot_p50", "tok_s"):
+            assert abs(pred[figure] / real[figure] - 1) <= 0.15, (variant, figure, pred, real)

@@ -90,11 +90,15 @@ def test_piece_sums_equal_whole_counts_with_a_qwen_style_tokenizer(tmp_path, end
 # Chat at the issue's 1,000 requests; completions (the same builder without the chat template,
 # which the piece-sum test above checks on 1,000) on a shorter run, to keep the suite's time.
 @pytest.mark.parametrize("endpoint, hold, at_least", [("completions", "5s", 300),
-                                                      ("chat", "14s", 1000)])
-def test_a_real_run_against_the_simulator_is_exact(tmp_path, endpoint, hold, at_least):
+                                                      ("chat", "16s", 1000)])
+def test_a_real_run_against_the_simulator_is_exact(tmp_path, monkeypatch, endpoint, hold, at_least):
     """`servelab run` against the simulator (its /tokenize: the server counter), every stored row:
     planned prompt_tokens_target == the server's usage prompt_tokens."""
     import duckdb
+
+    # The built-in coefficients, not the H200 calibration (its slower prefill gives fewer requests
+    # in the hold): what is checked is lengths, and the count only says enough were checked.
+    monkeypatch.setenv("SERVELAB_CALIBRATION_DIR", str(tmp_path / "no_calibrations"))
 
     from servelab.orchestration.runner import RunOptions, run_profile
 
@@ -108,4 +112,5 @@ def test_a_real_run_against_the_simulator_is_exact(tmp_path, endpoint, hold, at_
                        "prompt_tokens_target), any_value(token_source) FROM requests "
                        "WHERE error_kind IS NULL").fetchone()
     con.close()
+    print(f"{endpoint}: {rows[0]} requests checked")
     assert rows[0] >= at_least and rows[1] == 0, rows
