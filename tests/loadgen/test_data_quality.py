@@ -146,3 +146,25 @@ def test_a_run_with_repaired_values_is_flagged_bad_values(tmp_path):
         assert runs.refresh_flags(store.con, "r2") == []
     finally:
         store.close()
+
+
+def test_a_run_that_recorded_nothing_is_flagged_and_fails_by_default(tmp_path):
+    """A run whose only worker refused it (its notes say why) ends with no rows: flagged
+    no_requests, and `servelab run` exits 4 for it unless --fail-on drops the flag."""
+    from types import SimpleNamespace
+
+    from servelab.commands.run import DEFAULT_FAIL_ON, EXIT_FLAGGED, EXIT_OK, exit_code
+    from servelab.store import runs
+    from servelab.store.rows import RunRow
+
+    store = Store(open_db(tmp_path / "f.duckdb"))
+    try:
+        store.append_rows("runs", [RunRow("empty", status="completed",
+                                          notes="a worker could not join the run: OSError: ...")])
+        flags = runs.finish(store.con, "empty")
+    finally:
+        store.close()
+    assert flags == ["no_requests"]
+    result = SimpleNamespace(status="completed", interrupted=False, error_rate=None, flags=flags)
+    assert exit_code(result, 0.5, list(DEFAULT_FAIL_ON)) == EXIT_FLAGGED
+    assert exit_code(result, 0.5, ["rows_lost"]) == EXIT_OK

@@ -12,9 +12,10 @@ from servelab.core import timeouts
 # Exit codes of `servelab run` (docs/loadgen.md, "Signals and exit codes").
 EXIT_OK, EXIT_NOT_COMPLETED, EXIT_BAD_INPUT, EXIT_ERROR_RATE, EXIT_FLAGGED = 0, 1, 2, 3, 4
 DEFAULT_MAX_ERROR_RATE = 0.5
-# rows_lost: the stored rows are not the whole run. A busy CI machine's generator_saturated or a
-# server's bad_values are measurements, not a broken run: opt in with --fail-on.
-DEFAULT_FAIL_ON = ("rows_lost",)
+# rows_lost: the stored rows are not the whole run; no_requests: there are none. A busy CI
+# machine's generator_saturated or a server's bad_values are measurements, not a broken run: opt
+# in with --fail-on.
+DEFAULT_FAIL_ON = ("rows_lost", "no_requests")
 TIMEOUTS = ("connect", "first_token", "between_chunks", "total")
 # RunOptions fields that are the flag's value as argparse gives it.
 PLAIN = ("profile", "target", "variant", "hardware", "faults", "workers", "db", "seed", "run_id",

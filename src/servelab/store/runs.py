@@ -173,11 +173,12 @@ def bad_values(con, run_id: str) -> int:
 
 def refresh_flags(con, run_id: str) -> list[str]:
     """Recompute the flags this module owns (generator_saturated, host_busy, rows_lost,
-    bad_values, level_mismatch); keep the others."""
+    bad_values, level_mismatch, no_requests); keep the others."""
     row = con.execute("SELECT flags FROM runs WHERE run_id = ?", [run_id]).fetchone()
     if row is None:
         return []
-    owned = {"generator_saturated", "host_busy", "rows_lost", "bad_values", "level_mismatch"}
+    owned = {"generator_saturated", "host_busy", "rows_lost", "bad_values", "level_mismatch",
+             "no_requests"}
     flags = [f for f in (row[0] or []) if f not in owned]
     causes = {s.cause for s in saturation(con, run_id)}
     if "generator" in causes:
@@ -188,6 +189,10 @@ def refresh_flags(con, run_id: str) -> list[str]:
         flags.append("rows_lost")
     if bad_values(con, run_id):
         flags.append("bad_values")
+    # Nothing measured (every worker refused the run, or the plan sent nothing): a completed
+    # run with no rows must not read as a clean one.
+    if not con.execute("SELECT count(*) FROM requests WHERE run_id = ?", [run_id]).fetchone()[0]:
+        flags.append("no_requests")
     mismatches = level_mismatches(con, run_id)
     _mismatch_notes(con, run_id, mismatches)
     if mismatches:
