@@ -5,7 +5,7 @@ import pytest
 from loadgen_helpers import HERE, json_lines, query, run_script
 from servelab.store import runs
 from servelab.store.db import Store, open_db
-from servelab.store.rows import HealthRow, RunRow, StageRow
+from servelab.store.rows import HealthRow, RequestRow, RunRow, StageRow
 
 pytestmark = pytest.mark.slow
 
@@ -20,6 +20,7 @@ def test_loop_lag_is_seen_and_flags_the_stage(tmp_path):
     db = tmp_path / "t.duckdb"
     store = Store(open_db(db))
     store.append_rows("runs", [RunRow("r", status="completed", flags=["predicted"])])
+    store.append_rows("requests", [RequestRow(run_id="r", request_id="q", worker="w0", worker_seq=1)])
     store.append_rows("stages", [
         StageRow("r", 0, "concurrency", 8.0, started_unix=100.0, ended_unix=110.0),
         StageRow("r", 1, "concurrency", 16.0, started_unix=110.0, ended_unix=120.0)])

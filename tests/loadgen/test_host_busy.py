@@ -18,7 +18,7 @@ from loadgen_helpers import (ROOT, chat_profile, dicts, json_lines, query, run_s
 from servelab.core import procs
 from servelab.store import runs
 from servelab.store.db import Store, open_db
-from servelab.store.rows import HealthRow, RunRow, StageRow
+from servelab.store.rows import HealthRow, RequestRow, RunRow, StageRow
 
 pytestmark = pytest.mark.slow
 
@@ -158,6 +158,7 @@ def test_a_worker_busy_with_its_own_loop_is_generator_saturated(tmp_path):
     db = tmp_path / "t.duckdb"
     store = Store(open_db(db))
     store.append_rows("runs", [RunRow("r", status="completed")])
+    store.append_rows("requests", [RequestRow(run_id="r", request_id="q", worker="w0", worker_seq=1)])
     store.append_rows("stages", [StageRow("r", 0, "concurrency", 1.0, started_unix=100.0,
                                           ended_unix=110.0)])
     sample = {k: v for k, v in busy.items() if k != "phase"}
