@@ -110,21 +110,25 @@ def _ratio(p, r) -> str:
 
 
 def report(real: dict, pred: dict) -> tuple[str, list[float]]:
-    head = f"{'stage':>5} {'users':>5} {'window (run | predict)':>26} "
-    head += " ".join(f"{name + ' run':>16} {'predict':>9} {'ratio':>6}" for _, name in FIGURES)
-    lines, ratios = [head], []
+    """Three lines per stage (run, predict, ratio), so the table stays inside 80 columns; the
+    window is the measured window's start after the stage's start, plus its length (s)."""
+    def num(v) -> str:
+        return f"{v if v is not None else float('nan'):>12.1f}"
+
+    head = f"{'stage':>5} {'users':>5} {'':8} {'window s':>10}" + "".join(
+        f"{name:>12}" for _, name in FIGURES)
+    lines, ratios = [head, "-" * len(head)], []
     for st in sorted(real):
         r, p = real[st], pred.get(st, {})
-        w = f"{r['window'][0]:.2f}+{r['window'][1]:.1f} | " + (
-            f"{p['window'][0]:.2f}+{p['window'][1]:.1f}" if p else "-")
-        cells = []
-        for col, _ in FIGURES:
-            rv, pv = r.get(col), p.get(col)
-            cells.append(f"{rv if rv is not None else float('nan'):>16.1f} "
-                         f"{pv if pv is not None else float('nan'):>9.1f} {_ratio(pv, rv):>6}")
-            if col != "requests" and pv is not None and rv:
-                ratios.append(pv / rv)
-        lines.append(f"{st:>5} {r['level']:>5.0f} {w:>26} " + " ".join(cells))
+        rw = f"{r['window'][0]:.2f}+{r['window'][1]:.1f}"
+        pw = f"{p['window'][0]:.2f}+{p['window'][1]:.1f}" if p else "-"
+        lines.append(f"{st:>5} {r['level']:>5.0f} {'run':<8} {rw:>10}"
+                     + "".join(num(r.get(c)) for c, _ in FIGURES))
+        lines.append(f"{'':>11} {'predict':<8} {pw:>10}" + "".join(num(p.get(c)) for c, _ in FIGURES))
+        lines.append(f"{'':>11} {'ratio':<8} {'':>10}"
+                     + "".join(f"{_ratio(p.get(c), r.get(c)):>12}" for c, _ in FIGURES))
+        ratios += [p[c] / r[c] for c, _ in FIGURES
+                   if c != "requests" and p.get(c) is not None and r.get(c)]
     return "\n".join(lines), ratios
 
 
@@ -152,8 +156,8 @@ def main(argv=None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("SERVELAB_DB", str(work / "unused.duckdb"))
     print(f"time model: {args.variant} on {args.hardware}, levels {args.levels}, warm-up "
-          f"{args.warmup:g} s, hold {args.hold:g} s, seed {args.seed} (figures exact per run; "
-          "windows: measure start after stage start + measured seconds)")
+          f"{args.warmup:g} s, hold {args.hold:g} s, seed {args.seed}\n(figures exact per run; "
+          "window: its start after the stage's start + its length)")
     worst = 0.0
     for rep in range(args.repeat):
         real, pred, run_s, pred_s = one_pair(args, work, rep)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import sys
@@ -39,15 +40,6 @@ MODEL, HARDWARE = "Qwen/Qwen2.5-7B-Instruct", "H200"
 TARGETS = {"ttft_p50": 0.15, "tpot_p50": 0.15, "tok_s": 0.15, "itl_p99": 0.25}
 
 
-def _pct(values: list[float], q: float) -> float:
-    """numpy's default (linear) percentile, as vllm bench serve computes its own."""
-    xs = sorted(values)
-    k = (len(xs) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
-
-
 def measured(variant: str, level: int) -> dict | None:
     path = CAPTURED / "bench" / variant / f"c{level}.json"
     if not path.exists():
@@ -58,16 +50,16 @@ def measured(variant: str, level: int) -> dict | None:
             "tok_s": d["output_throughput"]}
 
 
-def predicted(variant: str, level: int, requests: int, defaults: bool, seed: int = 0) -> dict:
+def predicted(variant: str, level: int, requests: int, seed: int = 0) -> dict:
+    """The sweep level in virtual time, priced as resolve_cost decides (a matching calibration
+    in $SERVELAB_CALIBRATION_DIR or servers/calibration, else the built-in coefficients)."""
+    from servelab.core.quantiles import quantile_cont
     from servelab.sim.engine.balancer import make_engines
-    from servelab.sim.engine.costs import CostParams
     from servelab.sim.engine.virtual import InFlightCap, VirtualRequest, VirtualRunner
     from servelab.specs.engine_config import build_engine_config
 
     config = build_engine_config(HARDWARE, MODEL, FLAGS[variant])
-    # A what-if of the defaults must differ from CostParams() to win over a calibration file.
-    cost = CostParams(eta_bw=CostParams().eta_bw + 1e-12) if defaults else None
-    runner = VirtualRunner(make_engines(config, seed, cost=cost), sample_interval_s=0)
+    runner = VirtualRunner(make_engines(config, seed), sample_interval_s=0)
     rng = random.Random(1000 + level)
     cap = InFlightCap(level)
     for i in range(requests):
@@ -76,21 +68,22 @@ def predicted(variant: str, level: int, requests: int, defaults: bool, seed: int
     res = runner.run()
     recs = [r for r in res.records if r.end_s is not None]
     itl = [g for r in recs for g in r.itls]
+    # quantile_cont is numpy's linear percentile, which vllm bench serve reports too.
     return {"requests": len(recs), "ttft_p50": 1e3 * statistics.median(r.ttft for r in recs),
-            "ttft_p99": 1e3 * _pct([r.ttft for r in recs], 99),
+            "ttft_p99": 1e3 * quantile_cont((r.ttft for r in recs), 0.99),
             "tpot_p50": 1e3 * statistics.median(r.tpot for r in recs),
-            "itl_p99": 1e3 * _pct(itl, 99),
+            "itl_p99": 1e3 * quantile_cont(itl, 0.99),
             "tok_s": sum(r.output_tokens for r in recs) / max(r.end_s for r in recs)}
 
 
-def closed_loop(variant: str, defaults: bool, work: Path) -> list[tuple[int, dict, dict]]:
+def closed_loop(variant: str, work: Path) -> list[tuple[int, dict, dict]]:
     """``servelab predict`` of the captured closed-loop profile against servelab's captured run."""
     import csv
-    import subprocess
 
     import duckdb
 
-    from servelab.analysis.views import open_results_db
+    from servelab.orchestration.predict import predict
+    from servelab.specs.variants import load_variant
 
     figures = CAPTURED / variant / "servelab_stage_figures.csv"
     if not figures.exists():
@@ -101,17 +94,8 @@ def closed_loop(variant: str, defaults: bool, work: Path) -> list[tuple[int, dic
                     f"claims: {{weights: {variant}, activations: {variant}, speculative: null, "
                     f"min_compute_capability: {8.9 if variant == 'fp8' else 8.0}}}\n")
     db = work / f"{variant}.duckdb"
-    env = {**__import__("os").environ}
-    if defaults:
-        env["SERVELAB_CALIBRATION_DIR"] = str(work / "none")
-    done = subprocess.run([sys.executable, "-m", "servelab.cli", "predict", "--variant", str(spec),
-                           "--hardware", HARDWARE, "--db", str(db), "--profile",
-                           str(CAPTURED / "session/scripts/fixed_1024_256.yaml")],
-                          capture_output=True, text=True, env=env, cwd=ROOT)
-    if done.returncode != 0:
-        sys.exit(f"predict failed:\n{done.stdout}\n{done.stderr}")
-    open_results_db(db).close()
-    con = duckdb.connect(str(db), read_only=True)
+    predict(load_variant(spec), HARDWARE, CAPTURED / "session/scripts/fixed_1024_256.yaml", db)
+    con = duckdb.connect(str(db), read_only=True)   # predict installed the views
     pred = {int(r[0]): dict(zip(("ttft_p50", "ttft_p99", "tpot_p50", "itl_p99", "tok_s"), r[1:]))
             for r in con.execute("SELECT level, ttft_p50_ms, ttft_p99_ms, tpot_p50_ms, itl_p99_ms, "
                                  "output_tokens_per_s FROM stage_summary WHERE class_name = '(all)'"
@@ -128,12 +112,11 @@ def closed_loop(variant: str, defaults: bool, work: Path) -> list[tuple[int, dic
     return out
 
 
-def cost_label(variant: str, defaults: bool) -> str:
+def cost_label(variant: str) -> str:
     from servelab.sim.engine.costs import resolve_cost
     from servelab.specs.engine_config import build_engine_config
 
-    return "built-in defaults" if defaults else resolve_cost(
-        build_engine_config(HARDWARE, MODEL, FLAGS[variant]))[1]
+    return resolve_cost(build_engine_config(HARDWARE, MODEL, FLAGS[variant]))[1]
 
 
 def main(argv=None) -> int:
@@ -143,42 +126,48 @@ def main(argv=None) -> int:
     ap.add_argument("--defaults", action="store_true")
     ap.add_argument("--no-closed-loop", action="store_true", help="only the vllm bench serve sweep")
     args = ap.parse_args(argv)
+    if args.defaults:   # no calibration applies: resolve_cost gives the built-in coefficients
+        os.environ["SERVELAB_CALIBRATION_DIR"] = str(Path(tempfile.mkdtemp()) / "none")
     variants = args.variants.split(",")
     levels = [int(x) for x in args.levels.split(",")]
     cols = ["ttft_p50", "ttft_p99", "tpot_p50", "itl_p99", "tok_s"]
     rows, tally = {}, [0, 0]
 
     def line(level: int, n: int, p: dict, m: dict) -> None:
-        cells = []
+        # Three short lines per level keep the table inside 80 columns.
+        ratios = []
         for k in cols:
             ratio = p[k] / m[k]
             ok = k not in TARGETS or abs(ratio - 1) <= TARGETS[k]
             tally[0] += k in TARGETS and not ok
             tally[1] += k in TARGETS
-            cells.append(f"{p[k]:9.1f} / {m[k]:9.1f} ({ratio:4.2f}){' ' if ok else '*'}")
-        print(f"{level:>5} {n:>4}  " + "  ".join(f"{x:>30}" for x in cells))
+            ratios.append(f"{ratio:9.2f}{' ' if ok else '*'}")
+        print(f"{level:>5} {n:>5}  measured " + "".join(f"{m[k]:9.1f} " for k in cols))
+        print(f"{'':>11}  predicted" + "".join(f"{p[k]:9.1f} " for k in cols))
+        print(f"{'':>11}  ratio    " + "".join(ratios))
 
-    head = f"{'level':>5} {'n':>4}  " + "  ".join(f"{c + ' pred/meas (ratio)':>30}" for c in cols)
+    head = f"{'level':>5} {'n':>5}  {'':9}" + "".join(f"{c:>10}" for c in cols) + "\n" + "-" * 70
     for v in variants:
-        print(f"\n{v} on {HARDWARE}, vllm bench serve sweep: {cost_label(v, args.defaults)}")
+        label = cost_label(v).replace(" (", "\n  (", 1)   # two lines: inside 80 columns
+        print(f"\n{v} on {HARDWARE}, vllm bench serve sweep, priced by\n  {label}")
         print(head)
         for c in levels:
             m = measured(v, c)
             if m is None:
                 print(f"{c:>5}  no capture")
                 continue
-            p = predicted(v, c, m["requests"], args.defaults)
+            p = predicted(v, c, m["requests"])
             rows[v, c] = (p, m)
             line(c, m["requests"], p, m)
-    print(f"\n* outside its target ({', '.join(f'{k} {t:.0%}' for k, t in TARGETS.items())}): "
-          f"{tally[0]} of {tally[1]} cells")
+    print(f"\n* outside its target: {tally[0]} of {tally[1]} cells\n  (targets: "
+          f"{', '.join(f'{k} {t:.0%}' for k, t in TARGETS.items())})")
     if not args.no_closed_loop:
         tally[:] = [0, 0]
         with tempfile.TemporaryDirectory(prefix="servelab-fidelity-gpu-") as tmp:
             for v in variants:
                 print(f"\n{v}, servelab closed loop (measured windows; n = measured requests)")
                 print(head)
-                for level, p, m in closed_loop(v, args.defaults, Path(tmp)):
+                for level, p, m in closed_loop(v, Path(tmp)):
                     line(level, m["requests"], p, m)
         print(f"\n* outside its target: {tally[0]} of {tally[1]} cells")
     if len(variants) == 2:

@@ -148,6 +148,6 @@ def test_the_h200_probe_calibrations_apply_and_hold_at_one_user():
             "server_version"] == "0.26.0"
         assert find_calibration(build_engine_config("H200", "Qwen/Qwen2.5-7B-Instruct", flags)) == cal
         real = fidelity_gpu.measured(variant, 1)
-        pred = fidelity_gpu.predicted(variant, 1, real["requests"], defaults=False)
+        pred = fidelity_gpu.predicted(variant, 1, real["requests"])
         for figure in ("tpot_p50", "tok_s"):
             assert abs(pred[figure] / real[figure] - 1) <= 0.15, (variant, figure, pred, real)
