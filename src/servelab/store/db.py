@@ -25,7 +25,7 @@ from servelab.store.quarantine import check_lines
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 TABLES = ("runs", "run_classes", "stages", "requests", "server_metrics", "client_health",
-          "run_workers")
+          "run_workers", "stored_batches", "endpoint_events")
 
 
 # The ITL sketch of a request (table itl_sketches; why and how: analysis/README.md, "Percentiles:

@@ -173,7 +173,30 @@ class MetricSample:
     value: float
 
 
+@dataclass(slots=True)
+class StoredBatch:
+    """``stored_batches``: a worker's row batch, committed with its rows (worker None: a write
+    that carried no batch, kept so that every write can be looked up)."""
+    run_id: str
+    worker: str | None
+    batch: int | None
+    n_rows: int
+    write_no: int
+    t_unix: float
+
+
+@dataclass(slots=True)
+class EndpointEvent:
+    """``endpoint_events``: an endpoint's answer servelab could not use, as a measured outcome."""
+    run_id: str
+    t_unix: float
+    endpoint: str
+    outcome: str
+    detail: str | None = None
+
+
 # table name -> its row type (the contract test walks this).
 TABLE_ROWS = {"requests": RequestRow, "runs": RunRow, "run_classes": ClassRow,
               "stages": StageRow, "run_workers": WorkerAccount, "client_health": HealthRow,
-              "server_metrics": MetricSample}
+              "server_metrics": MetricSample, "stored_batches": StoredBatch,
+              "endpoint_events": EndpointEvent}

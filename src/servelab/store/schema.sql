@@ -116,6 +116,31 @@ CREATE TABLE IF NOT EXISTS server_metrics (
     value    DOUBLE
 );
 
+-- Which row batches the run's writer committed, written in the same transaction as their rows:
+-- the database, not the writer's memory, says whether a batch is in (a failure after a commit
+-- must not make the worker's resend land twice). One row per worker batch; a write that carried
+-- no batch leaves one row with worker and batch NULL, so every transaction can be looked up.
+CREATE TABLE IF NOT EXISTS stored_batches (
+    run_id    VARCHAR,
+    worker    VARCHAR,
+    batch     INTEGER,
+    n_rows    INTEGER,
+    write_no  INTEGER,   -- the writer's transaction
+    t_unix    DOUBLE
+);
+
+-- What an endpoint servelab reads answered when it was not what servelab can use: a /metrics page
+-- that is not Prometheus text (an HTML login page, JSON, empty, cut short, too large, too slow,
+-- an error status), a /v1/models, /tokenize, /version or /health that failed. A measured
+-- outcome, one row each time (a scrape every second: at most one row a second per endpoint).
+CREATE TABLE IF NOT EXISTS endpoint_events (
+    run_id    VARCHAR,
+    t_unix    DOUBLE,
+    endpoint  VARCHAR,   -- /metrics, /v1/models, /tokenize, /version, /health
+    outcome   VARCHAR,   -- a name from loadgen.master.scraper.OUTCOMES (or the reader's own)
+    detail    VARCHAR    -- what was seen: status, content type, size, an excerpt
+);
+
 -- The load generator's own health, sampled on every worker.
 CREATE TABLE IF NOT EXISTS client_health (
     run_id            VARCHAR,

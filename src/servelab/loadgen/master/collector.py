@@ -217,8 +217,9 @@ class Collector:
         writer = self.writer
         writer.wait_idle(IDLE_WAIT_S)
         workers, notes, sources = self.accounts.settle(self.run_id, self.settings.spool_dir)
-        if writer.error:
-            notes.append(f"database error during the run: {writer.error}")
+        for source, (count, last) in sorted(writer.source_errors.items()):
+            notes.append(f"{source}: {count} write(s) not stored ({last})"
+                         + ("; no request row was lost for it" if source != "rows" else ""))
         for err in self.worker_errors:
             notes.append(f"a worker could not join the run: {err}")
         if writer.store.repaired or writer.store.dropped:

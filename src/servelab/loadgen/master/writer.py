@@ -4,11 +4,15 @@ All database work happens in one real OS thread (a gevent ThreadPool of size 1):
 only queues work and waits cooperatively, so a large insert never stalls Locust's heartbeats or
 message handling. Everything queued since the last wake-up is stored in one transaction, then
 each row batch is acknowledged to its worker; a batch number seen before is acknowledged again
-and not stored twice. Others read the file through ``reads.ReadSide`` while the writer holds it.
+and not stored twice. A failure of one source (a scrape the parser refuses, a call, a bad value)
+fails only that source: the rest is stored apart, and a batch counts as stored only once the
+database holds it (``stored_batches``, committed with its rows). Others read the file through
+``reads.ReadSide`` while the writer holds it.
 """
 from __future__ import annotations
 
 import logging
+import time
 
 import duckdb
 import gevent
@@ -18,6 +22,7 @@ from gevent.queue import Queue
 from servelab.loadgen.master.reads import OPEN_LOCK, ReadSide
 from servelab.loadgen.master.scraper import metric_rows
 from servelab.store.db import Store
+from servelab.store.rows import StoredBatch
 
 log = logging.getLogger("servelab.loadgen")
 MAX_ITEMS = 500   # queued items stored in one transaction
@@ -39,6 +44,9 @@ class DbWriter:
         self.accounts = accounts
         self.ack = ack
         self.error: str | None = None
+        self.source_errors: dict[str, tuple[int, str]] = {}   # source -> (failures, last)
+        self.on_scrape_error = None   # (t_unix, exc), from the database thread
+        self._write_no = 0
         self._queue: Queue = Queue()
         self._pending = 0
         self._idle = Event()
@@ -85,9 +93,8 @@ class DbWriter:
                 items.append(self._queue.get_nowait())
             try:
                 acks = self.pool.apply(self._write, (items,))
-            except Exception as exc:  # noqa: BLE001 - rows stay spooled; workers resend
-                self.error = f"{type(exc).__name__}: {exc}"
-                log.error("servelab: storing a batch failed: %s", self.error)
+            except Exception as exc:  # noqa: BLE001 - only a bug gets here; rows stay spooled
+                self._failed("write", exc)
                 acks = []
             for node_id, acct, batch_no, n_rows, fresh in acks:
                 if fresh:
@@ -98,49 +105,126 @@ class DbWriter:
             if self._pending == 0:
                 self._idle.set()
 
-    # ---- the database thread --------------------------------------------------------------
-    def _write(self, items: list) -> list:
-        try:
-            return self._write_once(items, False)
-        except duckdb.Error:
-            # a value a column refuses failed the transaction: once more with every row batch
-            # checked, so the good rows land and the bad ones are repaired or dropped (counted
-            # in store.repaired / store.dropped), never resent forever
-            return self._write_once(items, True)
+    def _failed(self, source: str, exc: BaseException) -> None:
+        """A source that could not be stored: counted, named in the run's notes, never raised."""
+        text = f"{type(exc).__name__}: {exc}"[:300]
+        count, _ = self.source_errors.get(source, (0, ""))
+        self.source_errors[source] = (count + 1, text)
+        self.error = f"{source}: {text}"
+        if count == 0:
+            log.error("servelab: storing %s failed: %s", source, text)
 
-    def _write_once(self, items: list, checked: bool) -> list:
-        store = self.store
-        con = store.con
-        rows, health, metrics, calls, acks = [], [], [], [], []
+    # ---- the database thread --------------------------------------------------------------
+    # Every queued item is one source: a worker's row batch, a call, a scrape. They are stored
+    # together in one transaction; when that fails, each source is stored on its own, row
+    # batches first, so a failing scrape or call fails only itself. A batch counts as stored
+    # once its transaction committed, as the database says (stored_batches), never before.
+    def _write(self, items: list) -> list:
+        batches, calls, scrapes, acks = self._sort(items)
+        metrics = [m for m in (self._parse(t, text) for t, text in scrapes) if m]
+        self._write_no += 1
+        try:
+            self._commit(batches, calls, metrics, self._write_no, checked=False)
+        except Exception as exc:  # noqa: BLE001 - any source's failure; each is retried alone
+            self._rollback()
+            if not self._landed(self._write_no):
+                self._apart(batches, calls, metrics, exc)
+        acks.extend(b[:2] + (b[2]["batch"], b[2]["n_rows"], True) for b in batches
+                    if b[2]["batch"] in b[1].stored_batches)
+        return acks
+
+    def _sort(self, items: list):
+        batches, calls, scrapes, acks, seen = [], [], [], [], set()
         for item in items:
             if item[0] == "batch":
                 _, node_id, data = item
                 acct = self.accounts.get(data["worker"])
-                key = data["batch"]
-                fresh = key not in acct.stored_batches
-                if fresh:
-                    acct.stored_batches.add(key)
-                    if data["rows"]:
-                        rows.append(data["rows"])
-                    if data["health"]:
-                        health.append(data["health"])
-                acks.append((node_id, acct, key, data["n_rows"], fresh))
+                key = (data["worker"], data["batch"])
+                if data["batch"] in acct.stored_batches or key in seen:
+                    acks.append((node_id, acct, data["batch"], data["n_rows"], False))
+                else:
+                    seen.add(key)
+                    batches.append((node_id, acct, data))
             elif item[0] == "metrics":
-                metrics.append(metric_rows(self.run_id, item[1], item[2]))
+                scrapes.append(item[1:])
             else:
                 calls.append(item[1])
-        con.execute("BEGIN TRANSACTION")
+        return batches, calls, scrapes, acks
+
+    def _parse(self, t_unix: float, text: str) -> bytes:
         try:
-            for call in calls:
-                call(store)
-            store.append_ndjson("requests", b"".join(rows), checked=checked)
-            store.append_ndjson("client_health", b"".join(health), checked=checked)
-            store.append_ndjson("server_metrics", b"".join(metrics), checked=checked)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            for _, acct, key, _, fresh in acks:
-                if fresh:
-                    acct.stored_batches.discard(key)
-            raise
-        return acks
+            return metric_rows(self.run_id, t_unix, text)
+        except Exception as exc:  # noqa: BLE001 - a page the parser refuses is the server's
+            self._failed("scrape", exc)
+            if self.on_scrape_error is not None:
+                self.on_scrape_error(t_unix, exc)
+            return b""
+
+    def _apart(self, batches: list, calls: list, metrics: list, first: BaseException) -> None:
+        """After a failed transaction: each source alone, row batches first."""
+        for b in batches:
+            for checked in (False, True):
+                # checked: the rows a column refuses are repaired or dropped (counted), so a bad
+                # value cannot keep a batch out forever
+                self._write_no += 1
+                try:
+                    self._commit([b], [], [], self._write_no, checked=checked)
+                    break
+                except Exception as exc:  # noqa: BLE001
+                    self._rollback()
+                    if self._landed(self._write_no):
+                        break
+                    if checked:   # not acknowledged: the worker resends it later
+                        self._failed("rows", exc)
+        for source, call, chunk in ([("call", c, None) for c in calls]
+                                    + [("metrics", None, m) for m in metrics]):
+            self._write_no += 1
+            try:
+                self._commit([], [call] if call else [], [chunk] if chunk else [],
+                             self._write_no, checked=source == "metrics")
+            except Exception as exc:  # noqa: BLE001
+                self._rollback()
+                if not self._landed(self._write_no):
+                    self._failed(source, exc)
+
+    def _commit(self, batches: list, calls: list, metrics: list, write_no: int,
+                checked: bool) -> None:
+        store, con = self.store, self.store.con
+        t = time.time()
+        marks = [StoredBatch(self.run_id, d["worker"], d["batch"], d["n_rows"], write_no, t)
+                 for _, _, d in batches] or [StoredBatch(self.run_id, None, None, 0, write_no, t)]
+        con.execute("BEGIN TRANSACTION")
+        for call in calls:
+            call(store)
+        store.append_ndjson("requests", b"".join(d["rows"] for _, _, d in batches if d["rows"]),
+                            checked=checked)
+        store.append_ndjson("client_health", b"".join(d["health"] for _, _, d in batches
+                                                      if d["health"]), checked=checked)
+        store.append_ndjson("server_metrics", b"".join(metrics), checked=checked)
+        store.append_rows("stored_batches", marks)
+        con.execute("COMMIT")
+        self._mark(batches)
+
+    def _mark(self, batches: list) -> None:
+        for _, acct, data in batches:
+            acct.stored_batches.add(data["batch"])
+
+    def _rollback(self) -> None:
+        try:
+            self.store.con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # no transaction open: it failed before BEGIN, or after COMMIT
+
+    def _landed(self, write_no: int) -> bool:
+        """Whether write ``write_no`` committed (a failure can come after the commit); if so, its
+        batches are marked stored."""
+        try:
+            got = self.store.con.execute(
+                "SELECT worker, batch FROM stored_batches WHERE run_id = ? AND write_no = ?",
+                [self.run_id, write_no]).fetchall()
+        except duckdb.Error:
+            return False
+        for worker, batch in got:
+            if worker is not None:
+                self.accounts.get(worker).stored_batches.add(batch)
+        return bool(got)
