@@ -56,6 +56,7 @@ class Settings:
         self.metrics = metrics
         self.model = model
         self.served = 0
+        self.metrics_body: str | None = None
         self.chunks = 0
         self.rejected = 0
         self.record = False
@@ -259,6 +260,9 @@ class CalibrationProtocol(asyncio.Protocol):
             if path == "/v1/models":
                 return self.respond(200, orjson.dumps({"object": "list", "data": [
                     {"id": s.model, "object": "model", "owned_by": "servelab"}]}))
+            if path == "/metrics" and s.metrics_body is not None:
+                # a page that is no Prometheus text (a gateway's JSON, a login page)
+                return self.respond(200, s.metrics_body.encode(), b"application/json")
             if path == "/metrics" and s.metrics:
                 text = ("# HELP calib_requests_total Requests served.\n"
                         "# TYPE calib_requests_total counter\n"
@@ -327,6 +331,16 @@ def _serve(sock: socket.socket, settings: Settings):
         server.close()
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python bench/calibration_server.py",
                                  description=__doc__.split("\n\n")[0])
@@ -338,6 +352,8 @@ def main(argv=None) -> int:
     ap.add_argument("--processes", type=int, default=1, help="server processes on one port")
     ap.add_argument("--reject-continuous", action="store_true")
     ap.add_argument("--no-metrics", action="store_true")
+    ap.add_argument("--metrics-body", help="answer GET /metrics 200 with this body instead "
+                    "(e.g. '{}': a page the Prometheus parser refuses)")
     ap.add_argument("--record", action="store_true", help="keep every request's chunk send "
                     "times for GET /calib/requests (one process only)")
     ap.add_argument("--model", default="calibration")
@@ -345,21 +361,24 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the --faults draws")
     ap.add_argument("--ready-file")
     a = ap.parse_args(argv)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((a.host, a.port))
-    sock.listen(4096)
-    sock.setblocking(False)
-    url = f"http://{a.host}:{sock.getsockname()[1]}"
+    sock = _listen(a.host, a.port)
+    port = sock.getsockname()[1]
+    url = f"http://{a.host}:{port}"
     settings = Settings(a.ttft_ms / 1000.0, a.itl_ms / 1000.0, a.tokens_per_chunk,
                         a.reject_continuous, not a.no_metrics, a.model, a.faults, a.seed)
     settings.record = a.record
+    settings.metrics_body = a.metrics_body
     children = []
     for _ in range(max(1, a.processes) - 1):
+        # each process its own socket on the same port (SO_REUSEPORT): the kernel hashes each
+        # new connection to one listener, so no process wakes for another's accept
+        child_sock = _listen(a.host, port)
         pid = os.fork()
-        if pid == 0:  # children share the listening socket; the kernel spreads connections
-            _serve(sock, settings)
+        if pid == 0:
+            sock.close()
+            _serve(child_sock, settings)
             os._exit(0)
+        child_sock.close()
         children.append(pid)
     if a.ready_file:
         write_ready_file(a.ready_file, url)
