@@ -16,7 +16,8 @@ load generator is held to (issue 19): TTFT p99 within 3 ms of the reference's, I
 within 20%, CPU per chunk at most 1.1x at 256 streams and above, no saturation flag at 256.
 The machine is shared: compare the columns of one run, and repeat to see the noise.
 
-Usage: python bench/tail.py [--levels 128,256,384] [--commit 958f075 ...] [--warmup 5]
+Usage: python bench/tail.py [--levels 128,256,384] [--commit 958f075 | --home NAME=DIR ...]
+       [--warmup 5]
        [--hold 20] [--server-cores 0] [--client-cores 1] [--metrics-body '{}']
 """
 from __future__ import annotations
@@ -123,8 +124,9 @@ def run_servelab(url: str, streams: int, a, tmp: Path, home: Path, name: str) ->
         f"    prompt_tokens: 32\n    output_tokens: {a.tokens}\nload:\n  concurrency: "
         f"{{levels: [{streams}], warmup: {a.warmup:g}s, hold: {a.hold:g}s}}\n")
     db = tmp / f"{name}-{streams}.duckdb"
-    env = dict(os.environ, PYTHONPATH=str(home / "src"), SERVELAB_HOME=str(home),
-               PYTHONUNBUFFERED="1")
+    # the checkout's own source first; what PYTHONPATH held (its dependencies) after it
+    path = os.pathsep.join(p for p in (str(home / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, SERVELAB_HOME=str(home), PYTHONUNBUFFERED="1")
     cmd = pinned(a.client_cores, [sys.executable, "-m", "servelab.cli", "run", "--profile",
                                   str(profile), "--target", url, "--workers", "0", "--db",
                                   str(db), "--spool-dir", str(tmp / "spool"), "--quiet"])
@@ -213,6 +215,9 @@ def main() -> int:
     ap.add_argument("--levels", default="128,256,384")
     ap.add_argument("--commit", action="append", default=[],
                     help="an earlier commit to measure beside HEAD (repeatable)")
+    ap.add_argument("--home", action="append", default=[], metavar="NAME=DIR",
+                    help="an earlier checkout already on disk (where there is no git history, "
+                    "e.g. `git archive COMMIT src loadtests | tar -x -C DIR`)")
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--hold", type=float, default=20.0)
     ap.add_argument("--ttft-ms", type=float, default=50.0)
@@ -229,6 +234,9 @@ def main() -> int:
     homes = {"HEAD": ROOT}
     for commit in a.commit:
         homes[commit] = worktree(commit, tmp)
+    for spec in a.home:
+        name, _, path = spec.partition("=")
+        homes[name] = Path(path).resolve()
     names = ["ref"] + list(homes)
     mock, url = start_mock(tmp, a)
     load0 = os.getloadavg()[0]

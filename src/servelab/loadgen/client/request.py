@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 import gevent
+import numpy as np
 import orjson
 from gevent import monkey
 from geventhttpclient.connectionpool import ConnectionPool
@@ -204,7 +205,8 @@ def _measured(state: StreamState, spec: RequestSpec, status: int, t_sent: float,
         out.last_token_unix = to_unix(stamps[-1])
         out.ttft_ms = (stamps[0] - t_sent) * 1000.0
         out.e2e_ms = (stamps[-1] - t_sent) * 1000.0
-        out.chunk_offsets_ms = [(t - t_sent) * 1000.0 for t in stamps]
+        # one numpy pass over the array's buffer: a list comprehension cost 2% of the event loop
+        out.chunk_offsets_ms = ((np.frombuffer(stamps) - t_sent) * 1000.0).tolist()
     usage = state.usage
     if state.continuous and len(state.tokens) == len(stamps) and stamps:
         out.chunk_tokens = state.tokens.tolist()
