@@ -1,407 +1,45 @@
 """An OpenAI-style SSE server that misbehaves on purpose: the hostile-server test kit.
 
-Each request is answered by one behaviour from ``BEHAVIOURS``: the one named by the request's
-``X-Hostile`` header, else the server's ``--behaviour``. Everything is written byte by byte over
-raw asyncio sockets, so the wire carries exactly what a broken server, proxy or hand-written
-mock would send. ``EXPECTED`` is the ``error_kind`` servelab documents for each one
-(analysis/README.md, "How a request is classified"); ``None`` is a success.
+Each stream request is answered by one behaviour from ``BEHAVIOURS`` (hostile_streams.py): the
+one named by the request's ``X-Hostile`` header, else the server's ``--behaviour``. Everything
+is written byte by byte over raw asyncio sockets (hostile_wire.py), so the wire carries exactly
+what a broken server, proxy or hand-written mock would send. ``EXPECTED`` is the ``error_kind``
+servelab documents for each one (analysis/README.md, "How a request is classified"); ``None``
+is a success.
 
 ``GET /hostile/seen`` answers the number of requests whose body the server read (the
-invariant: every one of them is a stored row or counted in flight); ``GET /v1/models`` lists
-one model. Run: ``python hostile_server.py --port 0 --ready-file F [--behaviour NAME]``.
+invariant: every one of them is a stored row or counted in flight), ``/hostile/timings`` the
+kit's own time from a request's body to its first content chunk (ms, per request id; what the
+client's TTFT is judged against) and ``/hostile/endpoints`` the variants each endpoint served.
+The endpoints servelab reads besides the stream (``/metrics``, ``/v1/models``, ``/tokenize``,
+``/version``, ``/health``) answer hostile variants chosen per request by header
+(hostile_endpoints.py). Run: ``python hostile_server.py --port 0 --ready-file F
+[--behaviour NAME]``.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import json
-import socket
-import struct
+import re
 import sys
+import time
 from pathlib import Path
 
-MODEL = "hostile"
-TOKENS = 4          # content chunks of a normal answer
-GAP_S = 0.002       # between chunks
-
-
-def chunk(rid: str, delta: dict | None = None, usage: dict | None = None, finish=None,
-          choices: list | None = None, enc=None, **top) -> bytes:
-    obj = {"id": f"chatcmpl-{rid}", "object": "chat.completion.chunk", "created": 1,
-           "model": MODEL}
-    obj["choices"] = choices if choices is not None else [
-        {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": finish}]
-    if usage is not None:
-        obj["usage"] = usage
-    obj.update(top)
-    if enc is not None:
-        return enc(obj).encode()
-    return json.dumps(obj, separators=(",", ":")).encode()   # vLLM's compact form
-
-
-def usage(prompt=3, completion=TOKENS, cached=None):
-    u = {"prompt_tokens": prompt, "total_tokens": 0, "completion_tokens": completion}
-    if cached is not None:
-        u["prompt_tokens_details"] = {"cached_tokens": cached}
-    return u
-
-
-def events(rid: str, n: int = TOKENS, enc=None, final_usage=None, chunk_usage=None,
-           prefix=b"data: ", done=True, sep=b"\n\n", content=None) -> list[bytes]:
-    """One normal stream's SSE events: role chunk, ``n`` content chunks, usage, [DONE]."""
-    out = [chunk(rid, {"role": "assistant", "content": ""}, enc=enc)]
-    for i in range(n):
-        cu = chunk_usage(i) if chunk_usage else usage(completion=i + 1)
-        text = content(i) if content else f"t{i}"
-        out.append(chunk(rid, {"content": text}, cu, "length" if i == n - 1 else None,
-                         enc=enc))
-    out.append(chunk(rid, choices=[], usage=final_usage or usage(), enc=enc))
-    if done:
-        out.append(b"[DONE]")
-    return [prefix + e + sep for e in out]
-
-
-def spaced(obj) -> str:
-    return json.dumps(obj)   # Python's default: a space after every colon and comma
-
-
-def sorted_keys(obj) -> str:
-    return json.dumps(obj, sort_keys=True, indent=None, separators=(", ", ": "))
-
-
-def escaped(obj) -> str:
-    return json.dumps(obj, ensure_ascii=True, separators=(",", ":"))
-
-
-HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-
-
-def chunked(parts: list[bytes]) -> bytes:
-    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
-
-
-class Conn:
-    def __init__(self, reader, writer):
-        self.r, self.w = reader, writer
-        self.close = False   # end the connection after this answer
-
-    async def send(self, data: bytes):
-        self.w.write(data)
-        await self.w.drain()
-
-    async def stream(self, parts: list[bytes], gap: float = GAP_S, head: bytes = HEAD,
-                     last: bytes = b""):
-        await self.send(head + b"Transfer-Encoding: chunked\r\n\r\n")
-        for p in parts:
-            await asyncio.sleep(gap)
-            await self.send(chunked([p]))
-        await self.send(b"0\r\n\r\n" + last)   # ``last``: bytes after the body, same write
-
-    async def fixed(self, body: bytes, head: bytes = HEAD, length: int | None = None):
-        n = len(body) if length is None else length
-        await self.send(head + b"Content-Length: %d\r\n\r\n" % n + body)
-
-    def reset(self):
-        sock = self.w.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        self.w.transport.abort()
-        self.close = True
-
-
-# ---- the behaviours: async fn(conn, rid) ---------------------------------------------------
-async def ok(c, rid):
-    await c.stream(events(rid))
-
-
-async def b_spaced(c, rid):
-    await c.stream(events(rid, enc=spaced))
-
-
-async def b_sorted_nospace(c, rid):
-    await c.stream(events(rid, enc=sorted_keys, prefix=b"data:"))
-
-
-async def b_escapes(c, rid):
-    await c.stream(events(rid, enc=escaped, content=lambda i: f'\u00e9"\\\n{i}\u4e2d'))
-
-
-async def b_compact_nospace(c, rid):
-    await c.stream(events(rid, prefix=b"data:"))
-
-
-async def b_crlf(c, rid):
-    await c.stream(events(rid, sep=b"\r\n\r\n"))
-
-
-async def b_sse_fields(c, rid):
-    parts = [b": keep-alive\n\n", b"event: message\nid: 1\nretry: 100\n\n"] + events(rid)
-    await c.stream(parts)
-
-
-async def b_fragmented(c, rid):
-    body = b"".join(events(rid))
-    await c.stream([body[i:i + 7] for i in range(0, len(body), 7)], gap=0.0005)
-
-
-async def b_one_write(c, rid):
-    await c.fixed(b"".join(events(rid)))
-
-
-async def b_binary_content(c, rid):
-    await c.stream(events(rid, content=lambda i: "\x00\x01\ud7ff" + chr(0x1F600)))
-
-
-async def b_continue_100(c, rid):
-    await c.send(b"HTTP/1.1 100 Continue\r\n\r\n")
-    await c.stream(events(rid))
-
-
-def _usage_case(**kw):
-    async def fn(c, rid):
-        await c.stream(events(rid, final_usage={**usage(), **kw}))
-    return fn
-
-
-async def b_cached_lots(c, rid):
-    await c.stream(events(rid, final_usage=usage(cached="lots")))
-
-
-async def b_chunk_count_huge(c, rid):
-    await c.stream(events(rid, chunk_usage=lambda i: usage(completion=2**70 if i == 1 else i + 1)))
-
-
-async def b_chunk_count_falls(c, rid):
-    await c.stream(events(rid, chunk_usage=lambda i: usage(completion=5 - i)))
-
-
-async def b_usage_not_object(c, rid):
-    parts = events(rid)
-    parts[-2] = b"data: " + chunk(rid, choices=[], usage="lots") + b"\n\n"
-    await c.stream(parts)
-
-
-async def b_zero_content(c, rid):
-    await c.stream(events(rid, n=0))
-
-
-async def b_zero_content_spaced(c, rid):
-    await c.stream(events(rid, n=0, enc=spaced))
-
-
-async def b_bad_chunk_size_with_head(c, rid):
-    await c.send(HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(events(rid)[:2])
-                 + b"zz\r\nxx\r\n")
-    c.close = True
-
-
-async def b_bad_chunk_size_later(c, rid):
-    await c.send(HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
-    await asyncio.sleep(0.03)
-    await c.send(chunked(events(rid)[:2]))
-    await asyncio.sleep(0.03)
-    await c.send(b"zz\r\nxx\r\n")
-    c.close = True
-
-
-async def b_content_length_long(c, rid):
-    # the declared body is a whole stream; more bytes follow it on the wire
-    body = b"".join(events(rid))
-    await c.fixed(body + b"data: " + chunk(rid, {"content": "extra"}) + b"\n\n", length=len(body))
-
-
-async def b_content_length_short(c, rid):
-    body = b"".join(events(rid))
-    await c.fixed(body, length=len(body) - 20)
-    c.close = True
-
-
-async def b_stray_bytes(c, rid):
-    # in the same write as the body's end. Bytes that come only after the client sent its next
-    # request are that request's answer to any client (a race no client can win): they are
-    # classified by what they are (analysis/README.md), so the kit does not time them.
-    await c.stream(events(rid), last=b"stray bytes on a keep-alive connection\r\n")
-
-
-async def b_second_response(c, rid):
-    other = b"".join(events("somebody-else"))
-    await c.stream(events(rid), last=HEAD + b"Content-Length: %d\r\n\r\n" % len(other) + other)
-
-
-async def b_wrong_id(c, rid):
-    await c.stream(events("somebody-else"))
-
-
-async def b_slowloris_head(c, rid):
-    for b in b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Slow: yes":
-        await c.send(bytes([b]))
-        await asyncio.sleep(0.05)
-    c.close = True
-
-
-async def b_slowloris_body(c, rid):
-    await c.send(HEAD + b"Transfer-Encoding: chunked\r\n\r\n")
-    line = events(rid)[1]
-    for b in line:
-        await c.send(chunked([bytes([b])]))
-        await asyncio.sleep(0.05)
-    c.close = True
-
-
-async def b_stall(c, rid):
-    await c.send(HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(events(rid)[:3]))
-    await asyncio.sleep(5)
-    c.close = True
-
-
-async def b_reset_mid_chunk(c, rid):
-    await c.send(HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(events(rid)[:2])
-                 + b"40\r\ndata: {\"id\"")
-    await asyncio.sleep(0.05)
-    c.reset()
-
-
-async def b_close_mid_chunk(c, rid):
-    await c.send(HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(events(rid)[:2])
-                 + b"40\r\ndata: {\"id\"")
-    c.close = True
-
-
-async def b_no_done(c, rid):
-    await c.stream(events(rid, done=False))
-
-
-async def b_html_200(c, rid):
-    await c.fixed(b"<html><body><h1>Welcome to nginx!</h1></body></html>\n",
-                  head=b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\n")
-
-
-async def b_json_200(c, rid):
-    body = json.dumps({"id": f"chatcmpl-{rid}", "object": "chat.completion", "choices": [
-        {"index": 0, "message": {"role": "assistant", "content": "hi"}}]}).encode()
-    await c.fixed(body, head=b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
-
-
-async def b_gzip_lie(c, rid):
-    await c.fixed(gzip.compress(b"".join(events(rid))), head=HEAD + b"Content-Encoding: gzip\r\n")
-
-
-async def b_gzip_header_plain(c, rid):
-    await c.fixed(b"".join(events(rid)), head=HEAD + b"Content-Encoding: gzip\r\n")
-
-
-async def b_huge_line(c, rid):
-    big = b"data: " + chunk(rid, {"content": "x" * (6 << 20)}) + b"\n\n"
-    await c.stream([big[i:i + (1 << 20)] for i in range(0, len(big), 1 << 20)] + events(rid)[-1:])
-
-
-async def b_error_event(c, rid):
-    await c.stream(events(rid)[:2] + [b'data: {"error":{"message":"boom","code":500}}\n\n'])
-
-
-async def b_not_json(c, rid):
-    await c.stream(events(rid)[:2] + [b"data: hello there\n\n"] + events(rid)[2:])
-
-
-async def b_data_array(c, rid):
-    await c.stream(events(rid)[:2] + [b"data: [1, 2]\n\n"] + events(rid)[2:])
-
-
-async def b_no_choices(c, rid):
-    await c.stream(events(rid)[:2] + [b'data: {"id": "x", "object": "chunk"}\n\n']
-                   + events(rid)[2:])
-
-
-async def b_http500_html(c, rid):
-    await c.fixed(b"<html>Internal Server Error</html>",
-                  head=b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/html\r\n")
-
-
-async def b_garbage_head(c, rid):
-    await c.send(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
-    c.close = True
-
-
-async def b_close_before_head(c, rid):
-    c.close = True
-
-
-async def b_reset_before_head(c, rid):
-    c.reset()
-
-
-async def b_te_and_length(c, rid):
-    body = chunked(events(rid)) + b"0\r\n\r\n"
-    await c.send(HEAD + b"Transfer-Encoding: chunked\r\nContent-Length: %d\r\n\r\n" % len(body)
-                 + body)
-    c.close = True
-
-
-BEHAVIOURS = {
-    # valid streams in other encodings: successes, every chunk timed
-    "ok": (ok, None),
-    "spaced_json": (b_spaced, None),
-    "sorted_keys_data_nospace": (b_sorted_nospace, None),
-    "escapes": (b_escapes, None),
-    "compact_data_nospace": (b_compact_nospace, None),
-    "crlf_lines": (b_crlf, None),
-    "sse_comments_and_fields": (b_sse_fields, None),
-    "fragmented_writes": (b_fragmented, None),
-    "one_write_content_length": (b_one_write, None),
-    "binary_content": (b_binary_content, None),
-    "continue_100": (b_continue_100, None),
-    # bytes after a complete answer: the answer stands, the connection is not reused
-    "content_length_long": (b_content_length_long, None),
-    "stray_bytes_keepalive": (b_stray_bytes, None),
-    "second_response": (b_second_response, None),
-    # values that do not fit the row
-    "usage_completion_3e9": (_usage_case(completion_tokens=3000000000), "bad_usage"),
-    "usage_completion_1e23": (_usage_case(completion_tokens=1e23), "bad_usage"),
-    "usage_completion_many": (_usage_case(completion_tokens="many"), "bad_usage"),
-    "usage_prompt_negative": (_usage_case(prompt_tokens=-5), "bad_usage"),
-    "usage_completion_bool": (_usage_case(completion_tokens=True), "bad_usage"),
-    "usage_cached_lots": (b_cached_lots, "bad_usage"),
-    "usage_not_object": (b_usage_not_object, "bad_usage"),
-    "chunk_count_over_int64": (b_chunk_count_huge, "bad_usage"),
-    "chunk_count_falls": (b_chunk_count_falls, "bad_usage"),
-    # streams without output, or somebody else's
-    "zero_content_chunks": (b_zero_content, "empty_stream"),
-    "zero_content_spaced": (b_zero_content_spaced, "empty_stream"),
-    "wrong_response_id": (b_wrong_id, "wrong_response"),
-    # protocol broken after the 200 head
-    "bad_chunk_size_with_head": (b_bad_chunk_size_with_head, "malformed_http"),
-    "bad_chunk_size_later": (b_bad_chunk_size_later, "malformed_http"),
-    "content_length_short": (b_content_length_short, "malformed_sse"),  # ends mid-line
-    "reset_mid_chunk": (b_reset_mid_chunk, "stream_cut"),
-    "close_mid_chunk": (b_close_mid_chunk, "stream_cut"),
-    "no_done": (b_no_done, "stream_cut"),
-    "html_200": (b_html_200, "malformed_sse"),
-    "json_200": (b_json_200, "malformed_sse"),
-    "huge_line": (b_huge_line, "malformed_sse"),
-    "gzip_lie": (b_gzip_lie, "malformed_encoding"),
-    "gzip_header_plain_body": (b_gzip_header_plain, "malformed_encoding"),
-    "error_event": (b_error_event, "error_event"),
-    "data_not_json": (b_not_json, "malformed_json"),
-    "data_json_array": (b_data_array, "malformed_json"),
-    "chunk_without_choices": (b_no_choices, "malformed_json"),
-    # timing
-    "slowloris_head": (b_slowloris_head, "timeout_first_token"),
-    "slowloris_body": (b_slowloris_body, "timeout_first_token"),
-    "stall_after_content": (b_stall, "timeout_between_chunks"),
-    # before (or instead of) a head
-    "http500_html": (b_http500_html, "http_500"),
-    "garbage_head": (b_garbage_head, "malformed_http"),
-    "te_and_content_length": (b_te_and_length, "malformed_http"),
-    "close_before_head": (b_close_before_head, "connect_reset"),
-    "reset_before_head": (b_reset_before_head, "connect_reset"),
-}
-EXPECTED = {name: kind for name, (_, kind) in BEHAVIOURS.items()}
-
+from hostile_endpoints import ROUTES, Rotation, answer
+from hostile_streams import BEHAVIOURS, EXPECTED  # noqa: F401  (EXPECTED: the tests' table)
+from hostile_wire import Conn
+
+# A base URL http://HOST:PORT/v/VARIANTS picks the endpoints' variants as their header would:
+# for readers that take a base URL and send no header of the test's (a health check).
+PREFIX = re.compile(r"^/v/([^/]+)(/.*)$")
 
 class HostileServer:
     def __init__(self, default: str):
         self.default = default
         self.seen: dict[str, int] = {}
+        self.timings: dict[str, float] = {}   # request id -> the kit's own TTFT, ms
+        self.rotation = Rotation()
 
     async def handle(self, reader, writer):
         c = Conn(reader, writer)
@@ -411,30 +49,54 @@ class HostileServer:
                 lines = head.decode("latin-1").split("\r\n")
                 fields = {k.strip().lower(): v.strip() for k, _, v in
                           (h.partition(":") for h in lines[1:] if h)}
-                await reader.readexactly(int(fields.get("content-length", "0")))
-                path = lines[0].split(" ")[1]
-                if path == "/hostile/seen":
-                    await c.fixed(json.dumps(self.seen).encode(),
-                                  head=b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
-                    continue
-                if path == "/v1/models":
-                    body = json.dumps({"object": "list", "data": [
-                        {"id": MODEL, "object": "model", "owned_by": "hostile"}]}).encode()
-                    await c.fixed(body, head=b"HTTP/1.1 200 OK\r\n"
-                                             b"Content-Type: application/json\r\n")
-                    continue
-                if not path.startswith("/v1/"):
+                body = await reader.readexactly(int(fields.get("content-length", "0")))
+                t_read = time.perf_counter()
+                path = lines[0].split(" ")[1].split("?")[0]
+                prefixed = PREFIX.match(path)
+                if prefixed and prefixed.group(2) in ROUTES:   # /v/VARIANTS/ENDPOINT
+                    path = prefixed.group(2)
+                    fields[ROUTES[path].header] = prefixed.group(1)
+                if path.startswith("/hostile/"):
+                    await self.own(c, path)
+                elif path in ROUTES:
+                    variant, n = self.rotation.pick(path, fields)
+                    await answer(c, path, variant, _json(body), n)
+                elif not path.startswith("/v1/"):
                     await c.fixed(b"not found", head=b"HTTP/1.1 404 Not Found\r\n")
-                    continue
-                name = fields.get("x-hostile", self.default)
-                self.seen[name] = self.seen.get(name, 0) + 1
-                fn = BEHAVIOURS[name][0]
-                await fn(c, fields.get("x-request-id", "none"))
+                else:
+                    await self.stream(c, fields, t_read)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
             pass
         finally:
             if not writer.transport.is_closing():
                 writer.close()
+
+    async def own(self, c, path: str):
+        """The kit's own routes: what it saw (requests per behaviour, endpoint variants served,
+        its own TTFT of each request)."""
+        data = {"/hostile/seen": self.seen, "/hostile/endpoints": self.rotation.served,
+                "/hostile/timings": self.timings}.get(path)
+        if data is None:
+            return await c.fixed(b"not found", head=b"HTTP/1.1 404 Not Found\r\n")
+        await c.fixed(json.dumps(data).encode(),
+                      head=b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+
+    async def stream(self, c, fields: dict, t_read: float):
+        name = fields.get("x-hostile", self.default)
+        self.seen[name] = self.seen.get(name, 0) + 1
+        rid = fields.get("x-request-id", "none")
+        c.sent_at = []
+        await BEHAVIOURS[name][0](c, rid)
+        if len(c.sent_at) >= 2:   # the role chunk, then the first content chunk
+            self.timings[rid] = (c.sent_at[1] - t_read) * 1000.0
+
+
+def _json(body: bytes) -> dict:
+    try:
+        obj = json.loads(body) if body else {}
+    except ValueError:
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 async def serve(port: int, default: str, ready_file: str | None):

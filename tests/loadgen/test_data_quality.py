@@ -84,6 +84,7 @@ def test_the_writer_stores_a_poisoned_transaction_once_and_acknowledges_it(tmp_p
     writer.store = Store(open_db(tmp_path / "r.duckdb"))
     writer.run_id = "r"
     writer.accounts = {"w": _Account("w"), "v": _Account("v")}
+    writer._write_no, writer.source_errors, writer.on_scrape_error = 0, {}, None
     try:
         clean = b"".join(good(i) + b"\n" for i in range(10))
         dirty = b"".join((poisoned(i, "output_tokens", 3000000000) if i == 13 else good(i))

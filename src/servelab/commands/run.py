@@ -62,7 +62,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--header", action="append", default=[], metavar="'NAME: VALUE'",
                    help="extra request header for other auth schemes (repeatable; default: "
                    "$SERVELAB_HEADERS, one per line); never recorded")
-    p.add_argument("--workers", type=int, default=0, help="Locust worker processes (0: one "
+    p.add_argument("--workers", type=_workers, default=0, help="Locust worker processes, or "
+                   "'auto' (from this host's cores and the plan's peak users; 0: one "
                    "local process, the default)")
     p.add_argument("--db", help="DuckDB file (default: $SERVELAB_DB or results/servelab.duckdb)")
     p.add_argument("--tag", action="append", default=[], metavar="K=V",
@@ -84,6 +85,16 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument(f"--timeout-{flag}", type=float, default=default, metavar="S",
                        help=f"request timeout: {flag.replace('-', ' ')} (default {default:g} s)")
     p.add_argument("--quiet", action="store_true", help="no live progress, only the summary")
+
+
+def _workers(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of worker processes (0: one "
+                                         "local process) or 'auto'") from None
 
 
 def run_options(given: dict) -> dict:

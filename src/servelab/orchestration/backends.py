@@ -58,23 +58,45 @@ class RunningServer:
             self.compose_services = []
 
 
+HEALTH_PROBE_S = 5.0          # one GET of the health route
+HEALTH_MAX_BYTES = 64 << 10   # vLLM and SGLang answer an empty body
+
+
+def probe_health(url: str, timeout_s: float = HEALTH_PROBE_S) -> tuple[str, str]:
+    """(outcome, what came back) of one GET of a health route: "ok" for a 2xx that is not an
+    HTML page (a 200 login page is a proxy's answer, not the server's), else the named outcome
+    (``core.bounded_http.OUTCOMES``)."""
+    from servelab.core import bounded_http
+
+    answer = bounded_http.fetch(url, "", deadline_s=timeout_s, max_bytes=HEALTH_MAX_BYTES)
+    if answer.ok and bounded_http.sniff(answer.body) == "html":
+        return "html_page", f"{answer.seen()}: {bounded_http.excerpt(answer.body)}"
+    return answer.outcome, answer.seen()
+
+
 def wait_healthy(server: RunningServer, timeout_s: float = SERVER_STARTUP_S) -> None:
-    """Poll the kind's health path until it answers 200; fail early when the server died."""
+    """Poll the kind's health path until it answers 200; fail early when the server died. The
+    error says what the health route last answered (a 503 while loading, an HTML page...)."""
+    from servelab.core import bounded_http
+
     deadline = time.monotonic() + timeout_s
     url = server.url.rstrip("/") + server.variant.kind.health_path
+    last = ("unreachable", "nothing yet")
     while True:
         dead = next((c for c in server.children if not c.alive()), None)
         if dead is not None:
             raise ServelabError(f"{server.variant.name}: the server exited ({dead.returncode}) "
                                 f"before it was healthy; its log ({server.log_path}) ends:\n"
                                 f"{procs.log_tail(server.log_path)}")
-        if procs.http_ok(url):
+        last = probe_health(url, max(0.5, min(HEALTH_PROBE_S, deadline - time.monotonic())))
+        if last[0] == "ok":
             return
         if time.monotonic() > deadline:
             server.refresh_log()
             raise ServelabError(f"{server.variant.name}: {url} not healthy after {timeout_s:.0f} s "
-                                f"(raise --startup-timeout); log tail:\n"
-                                f"{procs.log_tail(server.log_path)}")
+                                f"(raise --startup-timeout); its last answer "
+                                f"{bounded_http.describe(last[0])} ({last[0]}: {last[1]}); log "
+                                f"tail:\n{procs.log_tail(server.log_path)}")
         time.sleep(0.2)
 
 

@@ -259,6 +259,7 @@ def calibrate(variant, hardware: str, target: str, out: Path | None = None,
         "measured": {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(
             timespec="seconds"), "target": target, "client_host": socket.gethostname(),
             "served_model": client.model, "server_version": client.version(),
+            "server_version_note": client.version_note,
             "server_flags": list(variant.serve_args), "probe_seconds": round(probe_s, 2)},
         "residuals": rows,
     }

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.core import credentials
 from servelab.core.errors import ServelabError
+from servelab.core.timeouts import HTTP_PROBE_S
 
 # Token ids every served vocabulary holds (the simulator's BPE has 16,384; Qwen and Llama far more).
 TOKEN_RANGE = (100, 16000)
@@ -94,45 +95,59 @@ class ProbeClient:
         self.url = url.rstrip("/")
         self.host, self.port = parts.hostname, parts.port or 80
         self.timeout_s = timeout_s
+        self.probe_s = min(timeout_s, HTTP_PROBE_S)   # /v1/models, /version, /metrics
         self.headers = {"Content-Type": "application/json", **credentials.headers()}
+        self.version_note: str | None = None   # why version() found none
+        self.version_outcome: str | None = None
         self.model = model or self._first_model()
         self.rng = random.Random(20261201)
 
     # -- plain requests ---------------------------------------------------------------------
-    def get(self, path: str) -> str:
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+    # Bounded in time and size (core.bounded_http), each answer named when it is not usable.
+    def _json(self, path: str):
+        from servelab.profiles.tokens import TokenCountError, read_json
+
         try:
-            conn.request("GET", path, headers=self.headers)
-            resp = conn.getresponse()
-            body = resp.read().decode("utf-8", "replace")
-        except OSError as exc:
-            raise ServelabError(f"--target {self.url}: GET {path} failed ({exc}); is the server "
-                                "running and reachable?") from None
-        finally:
-            conn.close()
-        if resp.status != 200:
-            raise ServelabError(f"--target {self.url}: GET {path} answered {resp.status}")
-        return body
+            return read_json(self.url, path, None, credentials.headers(), self.probe_s)
+        except TokenCountError as exc:
+            err = ServelabError(f"--target {exc}; is this a vLLM server (or servelab sim)?")
+            err.outcome = exc.outcome
+            raise err from None
 
     def _first_model(self) -> str:
-        import json
-
-        data = json.loads(self.get("/v1/models")).get("data") or []
-        if not data:
-            raise ServelabError(f"--target {self.url}: /v1/models lists no model")
-        return data[0]["id"]
-
-    def version(self) -> str | None:
-        import json
+        from servelab.profiles.tokens import TokenCountError, resolve_model
 
         try:
-            return json.loads(self.get("/version")).get("version")
-        except (ServelabError, ValueError):
+            return resolve_model(self.url, self.probe_s)
+        except TokenCountError as exc:
+            raise ServelabError(f"--target {exc}; give --model, or a server that lists "
+                                "its model") from None
+
+    def version(self) -> str | None:
+        """The server's /version, or None, with ``version_note`` saying what came instead."""
+        try:
+            got = self._json("/version")
+        except ServelabError as exc:
+            self.version_outcome = exc.outcome
+            self.version_note = f"{exc}: the calibration records no server version"
             return None
+        version = got.get("version") if isinstance(got, dict) else None
+        if not isinstance(version, str):
+            self.version_outcome = "wrong_shape"
+            self.version_note = (f"--target {self.url}/version answered JSON without a string "
+                                 f"'version' (wrong_shape): the calibration records no server "
+                                 f"version")
+            return None
+        return version
 
     def counters(self) -> tuple[dict[str, float], list[float]]:
         """The probe-relevant sums of one /metrics page, summed over engines."""
-        text = self.get("/metrics")
+        from servelab.orchestration.serverlog import metrics_missing, read_metrics
+
+        text, outcome, detail = read_metrics(self.url, self.probe_s)
+        if text is None:
+            raise ServelabError(f"--target {metrics_missing(self.url, outcome, detail)}; "
+                                "calibrate reads vLLM's request timing histograms there")
         sums = dict.fromkeys(SUMS, 0.0)
         names = {v: k for k, v in SUMS.items()}
         per_pos: dict[int, float] = {}

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import logging
 import time
-import urllib.error
-import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from servelab.core.errors import ServelabError
 from servelab.core.paths import project_root
 from servelab.core.timeouts import HTTP_PROBE_S, REQUEST, SERVER_STARTUP_S
 
+log = logging.getLogger("servelab.fidelity")
+_WARNED: set = set()   # (server, outcome): one warning each, not one per prompt
 DEFAULT_PROMPTS = "fidelity/prompts.jsonl"
 PROMPT_KEYS = {"id", "category", "prompt", "max_tokens"}
 
@@ -97,44 +98,46 @@ def load_prompts(path: str | Path | None = None) -> list[Prompt]:
     return prompts
 
 
-def _post(url: str, body: dict, timeout: float) -> dict:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={**credentials.headers(),
-                                              "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        detail = exc.read().decode("utf-8", "replace")[:300]
-        raise RuntimeError(f"HTTP {exc.code}: {detail}") from None
+def _post(base: str, path: str, body: dict, timeout: float):
+    """POST JSON, bounded in time and size; a TokenCountError (a RuntimeError) naming what
+    came back for anything but a JSON 2xx answer."""
+    from servelab.profiles.tokens import read_json
+
+    return read_json(base, path, body, credentials.headers(), timeout)
 
 
 def served_model(url: str, timeout: float = HTTP_PROBE_S) -> str:
+    from servelab.profiles.tokens import TokenCountError, resolve_model
+
     try:
-        req = urllib.request.Request(url.rstrip("/") + "/v1/models",
-                                     headers=credentials.headers())
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read())["data"][0]["id"]
-    except (urllib.error.URLError, OSError, KeyError, IndexError, ValueError) as exc:
-        raise ServelabError(f"{url}/v1/models: no model listed ({exc})") from None
+        return resolve_model(url, timeout)
+    except TokenCountError as exc:
+        raise ServelabError(f"{exc}; fidelity asks each server for its model by name: give a "
+                            "URL that serves one") from None
 
 
 def _one(url: str, model: str, prompt: Prompt, seed: int, timeout: float) -> Output:
+    from servelab.profiles.tokens import TokenCountError, _shape
+
     base = url.rstrip("/")
     try:
-        answer = _post(base + "/v1/chat/completions", {
+        answer = _post(base, "/v1/chat/completions", {
             "model": model, "messages": [{"role": "user", "content": prompt.prompt}],
             "max_tokens": prompt.max_tokens, "temperature": 0, "seed": seed, "stream": False},
             timeout)
         text = answer["choices"][0]["message"]["content"] or ""
-    except (RuntimeError, urllib.error.URLError, OSError, KeyError, IndexError) as exc:
+    except (RuntimeError, KeyError, IndexError, TypeError) as exc:
         return Output("", [], "none", error=str(exc))
     try:
-        tokens = _post(base + "/tokenize", {"model": model, "prompt": text,
-                                            "add_special_tokens": False}, timeout)["tokens"]
-        return Output(text, list(tokens), "server")
-    except (RuntimeError, urllib.error.URLError, OSError, KeyError):
-        return Output(text, text.split(), "words")  # a server without /tokenize
+        reply = _post(base, "/tokenize", {"model": model, "prompt": text,
+                                          "add_special_tokens": False}, timeout)
+        return Output(text, list(_shape(base, "/tokenize", reply, "tokens", list)), "server")
+    except TokenCountError as exc:   # a server without a usable /tokenize: words compared
+        if (base, exc.outcome) not in _WARNED:
+            _WARNED.add((base, exc.outcome))
+            log.warning("servelab: %s; comparing outputs of %s by words instead (their "
+                        "token_source says so)", exc, base)
+        return Output(text, text.split(), "words")
 
 
 def collect(url: str, prompts: list[Prompt], seed: int = 0, parallel: int = 8,

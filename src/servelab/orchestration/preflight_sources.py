@@ -11,15 +11,15 @@ from servelab.specs.variants import Variant
 
 def live_server(url: str | None, label: str | None = None) -> pf.LiveServer:
     """What a running server uses, from its /metrics (``label`` names it when there is no URL)."""
-    from servelab.orchestration.verify import fetch_metrics
-    from servelab.orchestration.serverlog import parse_metrics
+    from servelab.orchestration.serverlog import metrics_missing, parse_metrics, read_metrics
 
     if not url:
         return pf.LiveServer(label or "the server under test")
-    text = fetch_metrics(url)
+    text, outcome, detail = read_metrics(url)
     source = url.rstrip("/") + "/metrics"
-    if text is None:
-        return pf.LiveServer(f"{url.rstrip('/')} (no /metrics answered)")
+    if text is None:   # the label says what came back instead (a login page, a timeout...)
+        return pf.LiveServer(f"{url.rstrip('/')} (no usable /metrics: "
+                             f"{metrics_missing(url, outcome, detail)})")
     return pf.LiveServer.from_cache_configs(source, parse_metrics(text).cache_configs)
 
 

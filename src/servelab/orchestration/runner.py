@@ -12,8 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -31,7 +29,8 @@ class RunOptions:
     variant: str | None = None
     hardware: str | None = None
     faults: str | None = None        # the simulator's --faults (only without a target)
-    workers: int = 0                 # Locust worker processes; 0: the master runs the users
+    workers: int | str = 0           # Locust worker processes; 0: the master runs the users;
+    #                                  "auto": orchestration.workers decides
     db: str | Path | None = None     # None: $SERVELAB_DB or results/servelab.duckdb
     tags: dict = field(default_factory=dict)
     seed: int | None = None
@@ -105,6 +104,12 @@ def run_profile(opt: RunOptions) -> RunResult:
         credentials.current()   # as installed (the matrix) or from the environment
     opt = replace(opt, target=clean, api_key=None, headers=[])
     variant = _check_variant(opt)
+    if opt.workers == "auto":
+        from servelab.orchestration.workers import auto_workers
+
+        count, why = auto_workers(profile, starts_simulator=not opt.target)
+        print(f"servelab: {why}", flush=True)
+        opt = replace(opt, workers=count)
     if opt.workers < 0:
         raise ServelabError("--workers: must be 0 (one local process) or more")
     db = Path(opt.db) if opt.db else default_db()
@@ -175,16 +180,23 @@ def _claim_run_id(db: Path, run_id: str) -> None:
 
 
 def check_target(target: str) -> None:
-    """The target must answer HTTP before a run starts (any status will do)."""
+    """The target must answer HTTP before a run starts (any status, any body will do: the run
+    records what its requests get)."""
+    from servelab.core import bounded_http
+
     try:
-        req = urllib.request.Request(target + "/v1/models", headers=credentials.headers())
-        urllib.request.urlopen(req, timeout=timeouts.HTTP_PROBE_S).close()
-    except urllib.error.HTTPError:
+        # the head is all this asks for: a body of any size or pace is the run's business
+        answer = bounded_http.fetch(target, "/v1/models", headers=credentials.headers(),
+                                    deadline_s=timeouts.HTTP_PROBE_S, max_bytes=0)
+    except ValueError as exc:
+        raise ServelabError(f"--target {target}: {exc}; give the server's base URL, e.g. "
+                            "http://127.0.0.1:8000") from None
+    if answer.status is not None:
         return
-    except (OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise ServelabError(f"--target {target}: not reachable ({reason}); start the server "
-                            "first, or leave out --target to use the simulator") from None
+    raise ServelabError(f"--target {target}: not reachable: GET /v1/models "
+                        f"{bounded_http.describe(answer.outcome)} ({answer.outcome}: "
+                        f"{answer.seen()}); start the server first, or leave out --target to "
+                        "use the simulator")
 
 
 def start_simulator(opt: RunOptions, logs: Path) -> tuple[Child, str]:

@@ -9,16 +9,14 @@ instance of a variant (a PD variant's prefill and decode roles).
 from __future__ import annotations
 
 import re
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from servelab.core.errors import ServelabError
 from servelab.core.timeouts import HTTP_PROBE_S
 from servelab.specs.server_kinds import DEFAULT_KIND, ServerFacts, server_kind
 
-__all__ = ["ServerFacts", "fetch_metrics", "parse_log", "parse_metrics", "read_log",
-           "split_compose_log"]
+__all__ = ["ServerFacts", "fetch_metrics", "metrics_missing", "parse_log", "parse_metrics",
+           "read_log", "read_metrics", "split_compose_log"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # `docker compose logs` prefixes each line with the container's name padded to a common width
@@ -71,10 +69,39 @@ def read_log(path: Path, variant) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def fetch_metrics(url: str, timeout: float = HTTP_PROBE_S) -> str | None:
-    """``/metrics`` of a server, or None when it has none (404) or cannot be reached."""
+def read_metrics(url: str, timeout: float = HTTP_PROBE_S) -> tuple[str | None, str, str]:
+    """(the ``/metrics`` page or None, its outcome, what came back): the scraper's own
+    classification (``loadgen.master.scraper.OUTCOMES``), and a page only when the Prometheus
+    (or OpenMetrics) parser takes it, so a caller never meets a login page or a parse error."""
+    from servelab.core import bounded_http, credentials
+    from servelab.loadgen.master.scraper import ACCEPT, Page, classify, metric_rows
+
     try:
-        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout) as resp:
-            return resp.read().decode("utf-8", "replace")
-    except (urllib.error.URLError, OSError):
-        return None
+        answer = bounded_http.fetch(url, "/metrics", deadline_s=timeout,
+                                    headers={"Accept": ACCEPT, **credentials.headers()})
+    except ValueError as exc:
+        return None, "unreachable", str(exc)
+    outcome, detail, text = classify(answer)
+    if text is None:
+        return None, outcome, detail
+    page = Page(text)
+    page.openmetrics = answer.content_type == "application/openmetrics-text"
+    try:
+        metric_rows("probe", 0.0, page)
+    except ValueError as exc:
+        return None, "not_prometheus", f"{answer.seen()}: {exc}"
+    return text, "ok", ""
+
+
+def fetch_metrics(url: str, timeout: float = HTTP_PROBE_S) -> str | None:
+    """``/metrics`` of a server, or None when it has none (404), cannot be reached or answers
+    something that is not Prometheus text (``read_metrics`` says which)."""
+    return read_metrics(url, timeout)[0]
+
+
+def metrics_missing(url: str, outcome: str, detail: str) -> str:
+    """Why a server's /metrics gave no evidence, for a verdict or a preflight."""
+    from servelab.loadgen.master.scraper import OUTCOMES
+
+    return (f"{url.rstrip('/')}/metrics {OUTCOMES.get(outcome, outcome)} ({outcome}: "
+            f"{detail})")

@@ -15,7 +15,8 @@ from pathlib import Path
 from servelab.core.errors import ServelabError
 from servelab.orchestration.gpus import Gpu
 from servelab.orchestration.serverlog import (  # noqa: F401  (fetch_metrics: callers import it here)
-    ServerFacts, fetch_metrics, parse_log, parse_metrics, read_log)
+    ServerFacts, fetch_metrics, metrics_missing, parse_log, parse_metrics, read_log,
+    read_metrics)
 from servelab.orchestration.verify_pd import verify_pd
 from servelab.orchestration.verify_rules import (  # noqa: F401  (the names callers import here)
     FLAG_MISMATCH, FLAG_UNVERIFIED, UNKNOWN, Check, Verdict, judge)
@@ -32,17 +33,22 @@ def verify(variant: Variant, log_path: str | Path | None = None, url: str | None
         path = Path(log_path)
         parse_log(read_log(path, variant), facts, variant.server)
         sources.append(str(path))
-    metrics = None
+    metrics, missing = None, None
     if metrics_path is not None:
         metrics = Path(metrics_path).read_text(encoding="utf-8")
         sources.append(str(metrics_path))
     elif url is not None:
-        metrics = fetch_metrics(url)
+        metrics, outcome, detail = read_metrics(url)
         if metrics is not None:
             sources.append(url.rstrip("/") + "/metrics")
+        else:
+            missing = metrics_missing(url, outcome, detail)
     if metrics is not None:
         parse_metrics(metrics, facts, variant.server)
-    return judge(variant, facts, gpus, expected_kv_tokens, sources)
+    verdict = judge(variant, facts, gpus, expected_kv_tokens, sources)
+    if missing is not None:   # what the server answered instead, named
+        verdict.checks.insert(0, Check("metrics", UNKNOWN, f"{missing}; judged without it"))
+    return verdict
 
 
 def record(db_path: str | Path, run_id: str, verdict: Verdict, extra: dict | None = None) -> None:
@@ -75,8 +81,9 @@ def verify_target_run(db_path: str | Path, run_id: str, variant: Variant, url: s
     server that cannot show what it runs is flagged ``unverified`` (or ``variant_mismatch``)."""
     verdict = verify(variant, log_path=log_path, url=url)
     if not verdict.sources:
-        verdict.checks.insert(0, Check("evidence", UNKNOWN, f"{url.rstrip('/')}/metrics did not "
-                                       f"answer and no --log was given: nothing to verify from"))
+        verdict.checks.insert(0, Check("evidence", UNKNOWN, f"{url.rstrip('/')}/metrics gave no "
+                                       "page (the metrics check says why) and no --log was "
+                                       "given: nothing to verify from"))
     record(db_path, run_id, verdict, {"backend": "target", "url": url,
                                       "log": str(log_path) if log_path else None})
     return verdict

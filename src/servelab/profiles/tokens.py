@@ -18,23 +18,65 @@ from __future__ import annotations
 
 import bisect
 import json
+import logging
 import math
 import threading
-import urllib.error
-import urllib.request
+import time
 from collections import OrderedDict
 from pathlib import Path
 
-from servelab.core import credentials
+from servelab.core import bounded_http, credentials
 
 CHARS_PER_TOKEN = 4.0
 CHAT_MESSAGE_TOKENS = 4     # <|im_start|> role \n ... <|im_end|> \n
 CHAT_REPLY_TOKENS = 3       # <|im_start|> assistant \n
 VERIFY_FIRST = 32           # cuts checked by a full count before trusting the fast path
+log = logging.getLogger("servelab.profiles")
 
 
 class TokenCountError(RuntimeError):
-    """The server's /tokenize or /detokenize failed or answered something unexpected."""
+    """The server's /tokenize, /detokenize or /v1/models failed or answered something
+    unexpected: ``endpoint`` and ``outcome`` (a name of ``core.bounded_http.OUTCOMES``) say
+    which and what, ``detail`` what came back."""
+
+    def __init__(self, message: str, endpoint: str = "", outcome: str = "",
+                 detail: str = ""):
+        super().__init__(message)
+        self.endpoint, self.outcome, self.detail = endpoint, outcome, detail
+
+
+def _failed(url: str, endpoint: str, outcome: str, detail: str) -> TokenCountError:
+    return TokenCountError(f"{url}: {bounded_http.describe(outcome)} ({outcome}): {detail}",
+                           endpoint, outcome, detail)
+
+
+def read_json(base_url: str, path: str, body: dict | None, headers: dict,
+              timeout: float):
+    """GET (``body`` None) or POST ``path`` of a server and its JSON reply, bounded in time and
+    size; anything else raises a TokenCountError naming what came back."""
+    data = None if body is None else json.dumps(body).encode()
+    sent = dict(headers, **({"Content-Type": "application/json"} if data is not None else {}),
+                Accept="application/json")
+    try:
+        answer = bounded_http.fetch(base_url, path, method="GET" if data is None else "POST",
+                                    body=data, headers=sent, deadline_s=timeout)
+    except ValueError as exc:   # not a URL servelab can ask
+        raise TokenCountError(f"{base_url}{path}: {exc}", path, "unreachable") from None
+    obj, outcome, detail = bounded_http.json_of(answer)
+    if outcome != "ok":
+        raise _failed(answer.url, path, outcome, detail)
+    return obj
+
+
+def _shape(url: str, path: str, obj, key: str, kind) -> object:
+    """``obj[key]`` when obj is a JSON object holding a ``kind`` there, else wrong_shape."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if not isinstance(value, kind) or isinstance(value, bool):
+        got = f"a JSON {type(obj).__name__}" + (f" with keys {sorted(obj)[:8]}"
+                                                 if isinstance(obj, dict) else "")
+        raise _failed(url + path, path, "wrong_shape",
+                      f"{got}; no {kind.__name__} '{key}' in it")
+    return value
 
 
 def render_chatml(messages: list[dict]) -> str:
@@ -65,6 +107,7 @@ class EstimateCounter:
     def __init__(self, chars_per_token: float = CHARS_PER_TOKEN):
         self.chars_per_token = chars_per_token
         self.note = ""
+        self.problem: TokenCountError | None = None   # why a server counter was not used
 
     def count_plain(self, text: str) -> int:
         return math.ceil(len(text) / self.chars_per_token)
@@ -91,6 +134,7 @@ class TokenizerCounter:
         self.path = Path(path)
         self._tok = Tokenizer.from_file(str(self.path))
         self.note = ""
+        self.problem: TokenCountError | None = None   # why a server counter was not used
         self._verify_left = VERIFY_FIRST
         self._always_verify = False
         self._corpora: dict = {}
@@ -144,36 +188,35 @@ class TokenizerCounter:
 
 
 class ServerCounter:
-    """Counts with the target's own tokenizer through vLLM's /tokenize and /detokenize."""
+    """Counts with the target's own tokenizer through vLLM's /tokenize and /detokenize.
 
-    source = "server"
+    ``fallback`` (a function making another counter, or None): what counts once the server
+    stops answering usably. The switch is for the rest of the run (no flipping back and forth
+    between two counts of the same text), logged once and kept in ``events``; each prompt built
+    after it says which counter counted it (``count_source``). Without one, a failure raises."""
+
     fast = False
     cheap = False
 
-    def __init__(self, base_url: str, model: str, timeout: float = 30.0, headers=None):
+    def __init__(self, base_url: str, model: str, timeout: float = 30.0, headers=None,
+                 fallback=None):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.timeout = timeout
         self.headers = headers      # None: this process's credentials (core.credentials)
         self.note = ""
+        self.source = "server"
         self.max_model_len = None
+        self.fallback = fallback
+        self.failed: TokenCountError | None = None
+        self.events: list[dict] = []   # {t_unix, endpoint, outcome, detail} of the switch
         self._cache: OrderedDict = OrderedDict()
         self._window_ids: dict = {}
         self._lock = threading.Lock()
 
     def _post(self, path: str, body: dict) -> dict:
-        data = json.dumps(body).encode()
         auth = credentials.headers() if self.headers is None else self.headers
-        req = urllib.request.Request(self.base_url + path, data=data, method="POST",
-                                     headers={**auth, "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:200].decode(errors="replace")
-            raise TokenCountError(f"{self.base_url}{path}: HTTP {exc.code} {detail}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            raise TokenCountError(f"{self.base_url}{path}: {exc}") from None
+        return read_json(self.base_url, path, body, auth, self.timeout)
 
     def _cached(self, key, compute):
         with self._lock:
@@ -187,30 +230,59 @@ class ServerCounter:
                 self._cache.popitem(last=False)
         return value
 
+    def _or_fallback(self, name: str, *args):
+        if self.failed is None:
+            try:
+                return getattr(self, "_server_" + name)(*args)
+            except TokenCountError as exc:
+                if self.fallback is None:
+                    raise
+                self._switch(exc)
+        return getattr(self.fallback, name)(*args)
+
+    def _switch(self, exc: TokenCountError) -> None:
+        fb = self.fallback = self.fallback()
+        self.failed = exc
+        self.source, self.fast, self.cheap = fb.source, fb.fast, fb.cheap
+        self.note = f"server counting stopped: {exc}; counting with the {fb.source} counter"
+        self.events.append({"t_unix": time.time(), "endpoint": exc.endpoint or "/tokenize",
+                            "outcome": exc.outcome or "error", "detail": str(exc)[:300]})
+        log.warning("servelab: %s; the prompts from now on are counted with the %s counter "
+                    "(each row's prompt count source says so)", exc, fb.source)
+
+    def count_plain(self, text: str) -> int:
+        return self._or_fallback("count_plain", text)
+
+    def count(self, text: str) -> int:
+        return self._or_fallback("count", text)
+
+    def count_chat(self, messages: list[dict]) -> int:
+        return self._or_fallback("count_chat", messages)
+
+    def cut(self, corpus, start: int, n: int) -> tuple[str, int]:
+        return self._or_fallback("cut", corpus, start, n)
+
     def tokenize(self, text: str, special: bool = True) -> list[int]:
         # vLLM's TokenizeCompletionRequest: add_special_tokens (BOS) defaults to True, as a
         # completions request does; sent explicitly so the count never rests on a default.
         body = {"model": self.model, "prompt": text, "add_special_tokens": special}
         reply = self._post("/tokenize", body)
-        if not isinstance(reply.get("tokens"), list):
-            raise TokenCountError(f"{self.base_url}/tokenize: no 'tokens' list in the reply")
+        tokens = _shape(self.base_url, "/tokenize", reply, "tokens", list)
         if reply.get("max_model_len"):
             self.max_model_len = reply["max_model_len"]
-        return reply["tokens"]
+        return tokens
 
     def detokenize(self, ids: list[int]) -> str:
         reply = self._post("/detokenize", {"model": self.model, "tokens": ids})
-        if not isinstance(reply.get("prompt"), str):
-            raise TokenCountError(f"{self.base_url}/detokenize: no 'prompt' text in the reply")
-        return reply["prompt"]
+        return _shape(self.base_url, "/detokenize", reply, "prompt", str)
 
-    def count_plain(self, text: str) -> int:
+    def _server_count_plain(self, text: str) -> int:
         return self._cached(("plain", text), lambda: len(self.tokenize(text, special=False)))
 
-    def count(self, text: str) -> int:
+    def _server_count(self, text: str) -> int:
         return self._cached(("full", text), lambda: len(self.tokenize(text)))
 
-    def count_chat(self, messages: list[dict]) -> int:
+    def _server_count_chat(self, messages: list[dict]) -> int:
         key = ("chat", json.dumps(messages, sort_keys=True))
 
         def ask():
@@ -219,24 +291,22 @@ class ServerCounter:
             reply = self._post("/tokenize", {"model": self.model, "messages": messages,
                                              "add_generation_prompt": True,
                                              "add_special_tokens": False})
-            if not isinstance(reply.get("count"), int):
-                raise TokenCountError(f"{self.base_url}/tokenize: no 'count' in the reply")
-            return reply["count"]
+            return _shape(self.base_url, "/tokenize", reply, "count", int)
         return self._cached(key, ask)
 
-    def cut(self, corpus, start: int, n: int) -> tuple[str, int]:
+    def _server_cut(self, corpus, start: int, n: int) -> tuple[str, int]:
         ids = self._ids_from(corpus, start, n)
         want = n
         for _ in range(4):
             text = self.detokenize(ids[:want])
-            got = self.count_plain(text)
+            got = self._server_count_plain(text)
             if got == n:
                 return text, n
             want = max(1, want + n - got)
             if want > len(ids):
                 ids = self._ids_from(corpus, start, want)
         window = self.detokenize(ids[:n + 8])
-        return fit_prefix(window, n, self.count_plain)
+        return fit_prefix(window, n, self._server_count_plain)
 
     def _ids_from(self, corpus, start: int, n: int) -> list[int]:
         """Server token ids of the corpus from ``start`` (cached per slot, grown as needed)."""
@@ -251,39 +321,52 @@ class ServerCounter:
 
 
 def resolve_model(server_url: str, timeout: float = 10.0, headers=None) -> str:
-    """The first model id of GET /v1/models (what ``model: auto`` means)."""
-    url = server_url.rstrip("/") + "/v1/models"
+    """The first model id of GET /v1/models (what ``model: auto`` means); a TokenCountError
+    naming what came back when there is none."""
     auth = credentials.headers() if headers is None else headers
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=auth),
-                                    timeout=timeout) as resp:
-            data = json.loads(resp.read())
-        return data["data"][0]["id"]
-    except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
-        raise TokenCountError(f"{url}: cannot read the served model id ({exc})") from None
+    url = server_url.rstrip("/")
+    obj = read_json(url, "/v1/models", None, auth, timeout)
+    models = _shape(url, "/v1/models", obj, "data", list)
+    if not models:
+        raise _failed(url + "/v1/models", "/v1/models", "no_model", "its 'data' list is empty")
+    first = models[0]
+    if not isinstance(first, dict) or not isinstance(first.get("id"), str) or not first["id"]:
+        raise _failed(url + "/v1/models", "/v1/models", "wrong_shape",
+                      f"its first model has no string 'id': {str(first)[:120]}")
+    return first["id"]
+
+
+def _next_choice(tokenizer_json):
+    if tokenizer_json:
+        return TokenizerCounter(tokenizer_json)
+    counter = EstimateCounter()
+    counter.note = f"estimate of {CHARS_PER_TOKEN:g} characters per token"
+    return counter
 
 
 def make_counter(server_url: str | None = None, model: str | None = None,
                  tokenizer_json=None, timeout: float = 10.0, headers=None):
     """The best available counter: server, then local tokenizer.json, then the estimate.
 
-    A server that cannot tokenize (unreachable, no /tokenize, an error) falls through to the next
-    choice; the returned counter's ``note`` says why.
+    A server that cannot tokenize (unreachable, no /tokenize, an error, an answer of the wrong
+    shape) falls through to the next choice, logged; the returned counter's ``note`` says why
+    and with what it counts instead. A server counter that stops answering later in the run
+    switches to that same next choice (``ServerCounter.fallback``).
     """
-    notes = []
     if server_url:
         try:
             name = (model if model and model != "auto"
                     else resolve_model(server_url, timeout, headers))
             counter = ServerCounter(server_url, name, timeout=timeout, headers=headers)
-            counter.count_plain("Hello world.")
+            counter.count_plain("Hello world.")   # no fallback yet: this probe must raise
+            counter.fallback = lambda: _next_choice(tokenizer_json)
             return counter
         except TokenCountError as exc:
-            notes.append(f"server counting unavailable: {exc}")
-    if tokenizer_json:
-        counter = TokenizerCounter(tokenizer_json)
-        counter.note = "; ".join(notes)
-        return counter
-    counter = EstimateCounter()
-    counter.note = "; ".join(notes + [f"estimate of {CHARS_PER_TOKEN:g} characters per token"])
-    return counter
+            counter = _next_choice(tokenizer_json)
+            counter.problem = exc
+            counter.note = "; ".join([f"server counting unavailable: {exc}"]
+                                     + ([counter.note] if counter.note else []))
+            log.warning("servelab: token counts: %s; counting prompt tokens with the %s "
+                        "counter instead", exc, counter.source)
+            return counter
+    return _next_choice(tokenizer_json)

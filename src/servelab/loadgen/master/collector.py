@@ -21,6 +21,7 @@ from servelab.core.timeouts import WORKERS_READY_S
 from servelab.loadgen import messages
 from servelab.loadgen.client.clock import now_unix
 from servelab.loadgen.master.accounts import WorkerAccounts
+from servelab.loadgen.master.endpoints import EndpointLog
 from servelab.loadgen.master import live
 from servelab.loadgen.master.run_record import RunRecord
 from servelab.loadgen.master.scraper import Scraper, server_state
@@ -54,6 +55,7 @@ class Collector:
         self.live = live.LiveWindow()
         self.writer: DbWriter | None = None
         self.scraper: Scraper | None = None
+        self.endpoints = EndpointLog("")   # what /metrics and /v1/models answered
         self.status_file: StatusFile | None = None
         self.plan_stages: list = []     # the shape's stage plan, for the progress display
         self.worker_errors: list[str] = []
@@ -91,11 +93,19 @@ class Collector:
             store.append_rows("run_classes", record.class_rows(), replace=True)
 
         self.writer.call(insert_run)
+        self.endpoints = EndpointLog(run_id, self.writer.call)
+        if record.model_problem is not None:
+            p = record.model_problem
+            self.endpoints.record(p.endpoint, p.outcome, p.detail, record.started_unix,
+                                  instead="The requests went without a model name")
         # The master's pid and host: a worker on this host stops within a second of its death.
         self.runner.send_message(messages.RUN, dict(record.announcement(self.accounts.slots),
                                                     master_pid=os.getpid(),
                                                     master_host=socket.gethostname()))
-        self.scraper = Scraper(target, self._on_scrape) if target else None
+        self.scraper = Scraper(target, self._on_scrape, events=self.endpoints) \
+            if target else None
+        if self.scraper is not None:
+            self.writer.on_scrape_error = self.scraper.parse_failed   # called in the db thread
         self.status_file = StatusFile(settings.status_file, self.status)
         self.live.start_ticks()
         log.info("servelab: run %s started: profile %s, %d worker(s), target %s", run_id,
@@ -174,6 +184,10 @@ class Collector:
     def on_drained(self, node_id: str, data: dict) -> None:
         if data.get("run_id") == self.run_id:
             self.accounts.drained(data)
+            for e in data.get("endpoint_events") or ():
+                self.endpoints.record(e["endpoint"], e["outcome"], e.get("detail") or "",
+                                      t_unix=e.get("t_unix"),
+                                      instead="prompts counted by the next counter")
 
     def _ack(self, node_id: str, worker: str, batch_no: int) -> None:
         try:
@@ -216,12 +230,18 @@ class Collector:
         self.live.stop_ticks()
         writer = self.writer
         writer.wait_idle(IDLE_WAIT_S)
+        if self.scraper is not None:   # the last pages' parse reports, then their rows
+            self.scraper.flush()
+            writer.wait_idle(IDLE_WAIT_S)
         workers, notes, sources = self.accounts.settle(self.run_id, self.settings.spool_dir)
         for source, (count, last) in sorted(writer.source_errors.items()):
+            if source == "scrape":
+                continue   # the /metrics note below names those pages by their outcome
             notes.append(f"{source}: {count} write(s) not stored ({last})"
                          + ("; no request row was lost for it" if source != "rows" else ""))
         for err in self.worker_errors:
             notes.append(f"a worker could not join the run: {err}")
+        notes.extend(self.endpoints.notes())
         if writer.store.repaired or writer.store.dropped:
             notes.append(f"{writer.store.repaired} rows stored with bad values set to NULL "
                          f"(see data_quality), {writer.store.dropped} lines no table would take")

@@ -61,6 +61,8 @@ def view_of(collector, since: float | None = None) -> dict:
                                plan_stages=len(collector.plan_stages))
     if collector.scraper is not None:
         view["server"]["scrape"] = collector.scraper.status
+    # what each endpoint servelab reads answered (the server panel's table)
+    view["server"]["endpoints"] = collector.endpoints.view()
     return view
 
 

@@ -29,7 +29,8 @@ class RunRecord:
         self.target = target
         self.workers = workers        # 0: a local run, no worker processes
         self.started_unix = time.time()
-        self.model = _resolve_model(settings, profile, target)
+        # model_problem: what /v1/models answered when it named no model (an endpoint event)
+        self.model, self.model_problem = _resolve_model(settings, profile, target)
         self.salt = secrets.token_hex(3) if profile.salt else None
         self.seed = profile.seed if settings.seed is None else settings.seed
         self.host_info = _host_info()
@@ -65,17 +66,18 @@ class RunRecord:
         return class_rows(self.run_id, self.profile)
 
 
-def _resolve_model(settings: Settings, profile, target: str) -> str | None:
-    from servelab.profiles.tokens import resolve_model
+def _resolve_model(settings: Settings, profile, target: str):
+    """(the model name, None) or (None, the TokenCountError of /v1/models)."""
+    from servelab.profiles.tokens import TokenCountError, resolve_model
 
     model = settings.served_model or (profile.model if profile.model != "auto" else None)
     if model is None:
         try:
             model = resolve_model(target, HTTP_PROBE_S)
-        except Exception as exc:  # noqa: BLE001 - requests will show what the server says
-            log.warning("servelab: could not read %s/v1/models (%s); sending no model name",
-                        target, exc)
-    return model
+        except TokenCountError as exc:  # the requests will show what the server says
+            log.warning("servelab: %s; sending requests with no model name", exc)
+            return None, exc
+    return model, None
 
 
 def _host_info() -> dict:

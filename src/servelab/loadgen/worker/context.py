@@ -102,6 +102,7 @@ class WorkerContext:
         counter = make_counter(base_url, run["model"], settings.tokenizer or
                                self.profile.tokenizer_path)
         self.count_source = counter.source
+        self.counter = counter
         self.builder = PromptBuilder(self.profile, counter, salt=run["salt"], seed=run["seed"])
         self.target = Target(base_url, self.chat, run["model"])
         self.watchdog = Watchdog(settings.timeouts)
@@ -273,7 +274,9 @@ class WorkerContext:
         return {"run_id": self.run_id, "worker": self.worker, "produced": self.recorder.produced,
                 "started": self.recorder.started, "all_acked": acked, "aborted": aborted,
                 "host": self.host, "spool_path": self.spool_path, "pid": os.getpid(),
-                "count_source": self.count_source}
+                "count_source": self.count_source,
+                # a /tokenize that failed mid-run: the master records it in endpoint_events
+                "endpoint_events": list(getattr(self.counter, "events", []))}
 
     def leave(self, timeout_s: float, ack_timeout_s: float) -> dict | None:
         """This worker is stopping on its own (SIGTERM, SIGINT, its master gone): the drain the

@@ -32,6 +32,8 @@
     ["generator", "Load generator health", "",
       [["cpu_percent_max", "CPU % (max worker)"], ["loop_lag_p99_ms_max", "loop lag p99 ms (max)"]]],
   ];
+  // the /metrics states that need no banner (anything else is a named outcome of the scrape)
+  const SCRAPE_FINE = new Set(["ok", "starting", "absent"]);
   const SHARE = new Set(["slo_attainment", "kv_cache_usage", "prefix_cache_hit_rate",
                          "spec_acceptance_rate"]);
 
@@ -220,6 +222,12 @@
         "Latencies include client delay; add workers or use a quieter host. Tripped: " +
         past.join(", ")));
     }
+    const scrape = srv.scrape, metrics = (srv.endpoints || {})["/metrics"];
+    if (scrape && !SCRAPE_FINE.has(scrape) && metrics && metrics.last_failure)
+      banners.append(el("div", { class: "servelab-banner servelab-errors", id: "servelab-scrape" },
+        `Server /metrics: ${scrape} (${metrics.last_failure.detail || "-"}). ` +
+        `${metrics.reads - (metrics.counts.ok || 0)} of ${metrics.reads} scrapes unusable; the ` +
+        "run goes on and no request row is lost (the run's notes and endpoint_events name each)."));
     if (n.errors) {
       const kinds = Object.entries(n.errors_by_kind).map(([k, v]) => `${k} × ${v}`).join(", ");
       banners.append(el("div", { class: "servelab-banner servelab-errors", id: "servelab-errors" },
@@ -238,7 +246,7 @@
       card("errors (10 s · run)", `${n.errors} · ${data.errors_total}`, n.errors ? "servelab-bad" : ""),
       card("server running / waiting", `${num(srv.running, 0)} / ${num(srv.waiting, 0)}`),
       card("KV-cache use", pct(srv.kv_cache_usage)),
-      card("/metrics", srv.scrape || "-"));
+      card("/metrics", srv.scrape || "-", srv.scrape && !SCRAPE_FINE.has(srv.scrape) ? "servelab-bad" : ""));
     const tables = panel.querySelector("#servelab-tables");
     tables.replaceChildren(
       table("Classes (last window)", ["class", "requests", "goodput /s", "SLO attainment"],
@@ -253,6 +261,11 @@
         ["draft acceptance", pct(srv.spec_acceptance_rate)],
         ["mean acceptance length", num(srv.spec_mean_acceptance_length, 2)],
         ["generated tokens/s (server)", num(srv.generation_tokens_per_s)]]),
+      table("Server endpoints", ["endpoint", "reads", "newest", "outcomes", "last failure"],
+        Object.entries(srv.endpoints || {}).map(([ep, v]) => [ep, v.reads,
+          v.last ? `${v.last.outcome} ${clock(v.last.t_unix)}` : "-",
+          Object.entries({ ...v.counts, ...v.quirks }).map(([k, c]) => `${k} × ${c}`).join(", "),
+          v.last_failure ? `${v.last_failure.outcome}: ${v.last_failure.detail || ""}` : "-"])),
       table("Stages", ["stage", "kind", "level", "started", "measured from", "ended"],
         stages.map((s) => [s.stage, s.kind ?? "-", s.level ?? "-", clock(s.started_unix),
           clock(s.measure_start_unix), clock(s.ended_unix)])));
