@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "servelab.commands.servers",
     "servelab.commands.sim",
     "servelab.commands.run",
+    "servelab.commands.search",
     "servelab.commands.analysis",
     "servelab.commands.calibrate",
 ]

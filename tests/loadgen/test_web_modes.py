@@ -81,7 +81,7 @@ def test_defaults_bind_localhost_and_the_form_says_the_plan(ui):
     args = json.loads(page.split("window.templateArgs = ", 1)[1].split("\n", 1)[0])
     extra = args["extra_options"]
     assert "db" not in extra and "spool_dir" not in extra
-    assert extra["mode"]["choices"] == ["plan", "manual"]
+    assert extra["mode"]["choices"] == ["plan", "manual", "search"]
     assert "1 concurrency stage at 2 users" in extra["mode"]["help_text"]
     assert "ignored" in extra["mode"]["help_text"]
     assert not args["hide_common_options"]   # users and ramp-up are editable
@@ -103,6 +103,7 @@ def test_swarm_refusals(ui):
         ({"host": f"http://127.0.0.1:{procs.free_port()}"}, "does not answer"),
         ({"user_count": "0"}, "user_count: at least 1 user"),
         ({"mode": "turbo"}, "mode: 'turbo' is not a mode"),
+        ({"mode": "search", "search_target": "1.5"}, "search_target: '1.5': give the share"),
     ]
     for change, message in cases:
         code, body = post(base, dict(good, **change))

@@ -35,7 +35,12 @@ def frontier_rows(con: duckdb.DuckDBPyConnection, run_ids: list[str], labels: di
     """One row per run (class '(all)'), best frontier first (highest load, then throughput)."""
     rows = fetch_dicts(con, "SELECT * FROM slo_frontier_at(?) WHERE list_contains(?, run_id) AND class_name = '(all)'",
                        [target, run_ids])
-    out = [FrontierRow(labels[r["run_id"]], r["run_id"], r["kind"], r["max_level_meeting_target"],
+    # A search's probes are stages of kind 'search'; its run's load_kind says users or requests/s.
+    load_kinds = dict(con.execute("SELECT run_id, load_kind FROM runs WHERE list_contains(?, run_id)",
+                                  [run_ids]).fetchall())
+    out = [FrontierRow(labels[r["run_id"]], r["run_id"],
+                       load_kinds.get(r["run_id"]) if r["kind"] == "search" else r["kind"],
+                       r["max_level_meeting_target"],
                        r["output_tokens_per_s_at_max_level"], r["goodput_at_max_level"], r["first_failing_level"],
                        r["levels"], r["max_level"]) for r in rows]
     out.sort(key=lambda f: (-(f.max_level if f.max_level is not None else -1.0), -(f.tokens_per_s or 0.0)))

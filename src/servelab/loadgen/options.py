@@ -42,9 +42,22 @@ def add_arguments(parser) -> None:
     g.add_argument("--db", default=str(default_db()), include_in_web_ui=False,
                    help="DuckDB file that receives the run")
     g.add_argument("--mode", default=os.environ.get("SERVELAB_MODE", "plan"),
-                   choices=["plan", "manual"],
+                   choices=["plan", "manual", "search"],
                    help="plan: the profile's load plan; manual: ramp LLM users by hand "
-                   "(number of users and ramp up below, changed while it runs with Edit)")
+                   "(number of users and ramp up below, changed while it runs with Edit); "
+                   "search: probe the plan's levels one at a time for the highest that meets "
+                   "the SLO attainment target")
+    g.add_argument("--search-target", type=float,
+                   default=float(os.environ.get("SERVELAB_SEARCH_TARGET", 0.95)),
+                   help="search mode: share of requests that must meet their class's SLOs")
+    g.add_argument("--search-start", type=float,
+                   default=float(os.environ.get("SERVELAB_SEARCH_START", 0)),
+                   help="search mode: the plan's level to probe first (0: bisect from the "
+                   "middle of its levels)")
+    g.add_argument("--search-max-error-rate", type=float,
+                   default=float(os.environ.get("SERVELAB_SEARCH_MAX_ERROR_RATE", 0.5)),
+                   help="search mode: a probe with more failed requests than this share "
+                   "misses, whatever its SLO attainment")
     g.add_argument("--manual-warmup", type=float, default=10.0,
                    help="manual mode: seconds after a level's users are all running before "
                    "its measured window opens")
@@ -106,8 +119,11 @@ class Settings:
     status_file: str
     hardware: str
     auth: dict = field(default_factory=dict)   # credentials.describe(): never a key or value
-    mode: str = "plan"               # plan | manual
+    mode: str = "plan"               # plan | manual | search
     manual_warmup_s: float = 10.0
+    search_target: float = 0.95      # search mode (loadgen.search_rules)
+    search_start: float = 0.0
+    search_max_error_rate: float = 0.5
     api_port: int = 0
 
     def as_json(self) -> dict:
@@ -140,6 +156,9 @@ def settings_from(options) -> Settings:
         auth=credentials_from(options).describe(),
         mode=get("mode", "plan") or "plan",
         manual_warmup_s=float(get("manual_warmup", 10.0)),
+        search_target=float(get("search_target", 0.95)),
+        search_start=float(get("search_start", 0.0) or 0.0),
+        search_max_error_rate=float(get("search_max_error_rate", 0.5)),
         api_port=int(get("api_port", 0) or 0),
     )
 

@@ -47,8 +47,17 @@ class StageDriver:
         self._monitor = None
         self._open: list[dict] = []
         collector.plan_stages = stages
+        # Mode "search": the plan's levels probed one stage at a time, each picked from the last
+        # one's result (loadgen/search_shape.py), with this driver's stage bookkeeping.
+        self.search = None
+        if getattr(getattr(collector, "settings", None), "mode", None) == "search":
+            from servelab.loadgen.search_shape import SearchProbes
+
+            self.search = SearchProbes(self)
 
     def tick(self):
+        if self.search is not None:
+            return self.search.tick()
         if self.finished:
             return None
         if self.collector.draining or not self.collector.active:

@@ -47,7 +47,8 @@ def progress_text(st: dict | None, profile) -> str:
     n = st.get("stages") or "?"
     level = st.get("level")
     kind = st.get("stage_kind") or profile.load.kind
-    unit = "req/s" if kind in ("rate", "trace") else "users"
+    axis = profile.load.kind if kind == "search" else kind   # a probe: the searched plan's
+    unit = "req/s" if axis in ("rate", "trace") else "users"
     amount = "" if level is None else f" {level:g} {unit}"
     where = "-" if stage is None else f"{stage + 1}/{n} ({kind}{amount})"
     return (f"{profile.name}  stage {where}  {st.get('elapsed_s', 0):.0f} s  "

@@ -164,19 +164,25 @@ class RequestPlanner:
             yield from self.item(base + j, float(times[j]))
 
     def arrival_times(self, stage_index: int) -> np.ndarray:
-        """All arrival offsets (seconds from the stage start) of an open-loop or trace stage."""
+        """All arrival offsets (seconds from the stage start) of an open-loop or trace stage.
+
+        A rate stage index past the plan's last rate repeats the rates: stage i runs
+        ``rates[i % len(rates)]`` with arrivals of its own (seeded by i). A search probes the
+        plan's rates in an order it picks as it goes, and a worker knows a stage only by its
+        index, so the search names each probe by such an index (``loadgen.search_shape``)."""
         if self.load_kind == "trace":
             if stage_index != 0:
                 raise IndexError("a trace plan has one stage (index 0)")
             return np.array([r.arrival_s for r in self._trace_rows])
-        if not 0 <= stage_index < len(self.plan.rates):
-            raise IndexError(f"stage {stage_index} out of range (0..{len(self.plan.rates) - 1})")
+        if stage_index < 0:
+            raise IndexError(f"stage {stage_index} out of range (0 or more)")
         cached = self._arrival_cache.get(stage_index)
         if cached is None:
             plan = self.plan
             rng = np.random.default_rng(np.random.SeedSequence(
                 self.seed, spawn_key=(_ARRIVALS, stage_index)))
-            cached = arrival_offsets(rng, plan.rates[stage_index], plan.warmup + plan.duration,
+            rate = plan.rates[stage_index % len(plan.rates)]
+            cached = arrival_offsets(rng, rate, plan.warmup + plan.duration,
                                      plan.arrival, plan.burstiness)
             self._arrival_cache[stage_index] = cached
         return cached

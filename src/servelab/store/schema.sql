@@ -43,7 +43,7 @@ CREATE TABLE IF NOT EXISTS run_classes (
 CREATE TABLE IF NOT EXISTS stages (
     run_id              VARCHAR,
     stage               INTEGER,
-    kind                VARCHAR,    -- concurrency | rate | ramp | trace | manual (web UI by hand)
+    kind                VARCHAR,    -- concurrency | rate | ramp | trace | manual (web UI by hand) | search (a probe)
     level               DOUBLE,     -- users (closed loop) or requests/s (open loop)
     started_unix        DOUBLE,     -- the stage was asked for
     reached_unix        DOUBLE,     -- the user count was reached (closed loop); = started otherwise

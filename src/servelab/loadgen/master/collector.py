@@ -184,10 +184,7 @@ class Collector:
     def on_drained(self, node_id: str, data: dict) -> None:
         if data.get("run_id") == self.run_id:
             self.accounts.drained(data)
-            for e in data.get("endpoint_events") or ():
-                self.endpoints.record(e["endpoint"], e["outcome"], e.get("detail") or "",
-                                      t_unix=e.get("t_unix"),
-                                      instead="prompts counted by the next counter")
+            self.endpoints.record_all(data.get("endpoint_events") or ())
 
     def _ack(self, node_id: str, worker: str, batch_no: int) -> None:
         try:
@@ -234,17 +231,8 @@ class Collector:
             self.scraper.flush()
             writer.wait_idle(IDLE_WAIT_S)
         workers, notes, sources = self.accounts.settle(self.run_id, self.settings.spool_dir)
-        for source, (count, last) in sorted(writer.source_errors.items()):
-            if source == "scrape":
-                continue   # the /metrics note below names those pages by their outcome
-            notes.append(f"{source}: {count} write(s) not stored ({last})"
-                         + ("; no request row was lost for it" if source != "rows" else ""))
-        for err in self.worker_errors:
-            notes.append(f"a worker could not join the run: {err}")
-        notes.extend(self.endpoints.notes())
-        if writer.store.repaired or writer.store.dropped:
-            notes.append(f"{writer.store.repaired} rows stored with bad values set to NULL "
-                         f"(see data_quality), {writer.store.dropped} lines no table would take")
+        notes += writer.notes() + [f"a worker could not join the run: {err}"
+                                   for err in self.worker_errors] + self.endpoints.notes()
         extra = {"token_count_source": ",".join(sorted(sources)) or None,
                  "metrics_scrape": self.scraper.status if self.scraper else None}
         final_row = self.record.row(status, "; ".join(notes) or None, extra)
@@ -268,10 +256,7 @@ class Collector:
         finally:
             self.active = False
             self._finished.set()
-        log.info("servelab: run %s %s; flags: %s", self.run_id, status,
-                 ", ".join(self.flags) or "none")
-        for note in notes:
-            log.warning("servelab: %s", note)
+        _log_end(self.run_id, status, self.flags, notes)
 
     def close(self) -> None:
         if self.active:
@@ -298,3 +283,9 @@ class Collector:
     def live_view(self, since: float | None = None) -> dict:
         """The LLM tab's data: ``live.view_of`` (``since``: only the newer series points)."""
         return live.view_of(self, since)
+
+
+def _log_end(run_id: str, status: str, flags: list[str], notes: list[str]) -> None:
+    log.info("servelab: run %s %s; flags: %s", run_id, status, ", ".join(flags) or "none")
+    for note in notes:
+        log.warning("servelab: %s", note)

@@ -49,6 +49,13 @@ class EndpointLog:
         e["counts"]["ok"] = e["counts"].get("ok", 0) + 1
         e["last"] = {"t_unix": t_unix or self.clock(), "outcome": "ok", "detail": None}
 
+    def record_all(self, events, instead: str = "prompts counted by the next counter") -> None:
+        """Events a worker reported at its drain ({t_unix, endpoint, outcome, detail}): a
+        /tokenize that failed mid-run, so far."""
+        for e in events:
+            self.record(e["endpoint"], e["outcome"], e.get("detail") or "",
+                        t_unix=e.get("t_unix"), instead=instead)
+
     def record(self, endpoint: str, outcome: str, detail: str, t_unix: float | None = None,
                was_ok: bool = False, instead: str | None = None) -> None:
         """A failed read: counted, newest, and a row. ``was_ok``: the read was counted ok first

@@ -125,6 +125,18 @@ class DbWriter:
                 self._flush.clear()
                 self._idle.set()
 
+    def notes(self) -> list[str]:
+        """The run's notes on what was not stored as it came (a /metrics page the parser
+        refused is left to the endpoint log's note, which names it by its outcome)."""
+        out = [f"{source}: {count} write(s) not stored ({last})"
+               + ("; no request row was lost for it" if source != "rows" else "")
+               for source, (count, last) in sorted(self.source_errors.items())
+               if source != "scrape"]
+        if self.store.repaired or self.store.dropped:
+            out.append(f"{self.store.repaired} rows stored with bad values set to NULL (see "
+                       f"data_quality), {self.store.dropped} lines no table would take")
+        return out
+
     def _failed(self, source: str, exc: BaseException) -> None:
         """A source that could not be stored: counted, named in the run's notes, never raised."""
         text = f"{type(exc).__name__}: {exc}"[:300]

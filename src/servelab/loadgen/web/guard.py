@@ -12,15 +12,12 @@ from __future__ import annotations
 import logging
 import math
 import os
-import time
-import urllib.error
-import urllib.request
 from urllib.parse import urlsplit
 
 from flask import jsonify, request
 from werkzeug.datastructures import ImmutableMultiDict
 
-from servelab.core import credentials
+from servelab.core import bounded_http, credentials
 from servelab.core.errors import ServelabError
 
 log = logging.getLogger("servelab.loadgen")
@@ -121,15 +118,18 @@ class Guard:
                 raise Refused(f"{key} cannot be set from the web UI: {self._fix(key)}")
         state = getattr(self.env.runner, "state", "ready")
         mode = form.get("mode") or _mode(self.env)
-        if mode not in ("plan", "manual"):
-            raise Refused(f"mode: {mode!r} is not a mode: choose plan (the profile's plan) or "
-                          f"manual (users by hand)")
+        if mode not in ("plan", "manual", "search"):
+            raise Refused(f"mode: {mode!r} is not a mode: choose plan (the profile's plan), "
+                          f"manual (users by hand) or search (the plan's levels probed for the "
+                          f"highest that meets the SLOs)")
         if state not in IDLE_STATES:
             return self._check_edit(form, state)
         if mode == "manual":
             _users_and_rate(form)
         profile = form.get("profile") or getattr(self.env.parsed_options, "profile", "") or ""
         _profile_loads(profile)
+        if mode == "search":
+            _searchable(profile, form.get("search_target"))
         _target_answers(form.get("host") or self.env.host or "", form.get("api_key") or "")
         return mode
 
@@ -226,6 +226,23 @@ def _profile_loads(path: str) -> None:
         raise Refused(f"profile: {exc}") from None
 
 
+def _searchable(path: str, target) -> None:
+    """Mode search probes a concurrency or rate plan's levels, for a share between 0 and 1."""
+    from servelab.profiles import load_profile
+
+    kind = load_profile(path).load.kind
+    if kind not in ("concurrency", "rate"):
+        raise Refused(f"mode: search probes the levels of a concurrency or rate plan; {path} "
+                      f"has a {kind} plan: choose plan, or a profile with levels or rates")
+    try:
+        share = float(target) if target not in (None, "") else 0.95
+    except ValueError:
+        share = -1.0
+    if not 0.0 < share < 1.0:
+        raise Refused(f"search_target: {target!r}: give the share of requests that must meet "
+                      f"their SLOs, between 0 and 1 (e.g. 0.95)")
+
+
 def _target_answers(host: str, api_key: str) -> None:
     """GET {host}/v1/models within PROBE_TIMEOUT_S: the server is there (401/403: it is, but
     wants credentials the run does not have). Any other HTTP answer counts as there."""
@@ -239,23 +256,22 @@ def _target_answers(host: str, api_key: str) -> None:
         headers[basic[0]] = basic[1]
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
-    url = clean.rstrip("/") + "/v1/models"
-    t0 = time.monotonic()
+    # any HTTP head will do: the head is all this waits for (max_bytes=0), on the request's
+    # own greenlet, within PROBE_TIMEOUT_S in all
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                    timeout=PROBE_TIMEOUT_S):
-            return
-    except urllib.error.HTTPError as exc:
-        if exc.code in (401, 403):
-            raise Refused(f"host: {clean} answers {exc.code} to GET /v1/models: it wants an API "
-                          f"key (the api_key field, or $OPENAI_API_KEY / --header when Locust "
-                          f"starts)") from None
-        return
-    except (OSError, ValueError) as exc:
-        why = getattr(exc, "reason", exc)
-        raise Refused(f"host: {clean} does not answer (GET /v1/models: {why}, after "
-                      f"{time.monotonic() - t0:.1f} s): start the server, or fix the host "
-                      f"field") from None
+        answer = bounded_http.fetch(clean, "/v1/models", headers=headers,
+                                    deadline_s=PROBE_TIMEOUT_S, max_bytes=0, cooperative=True)
+    except ValueError as exc:
+        raise Refused(f"host: {exc}: give one like http://127.0.0.1:8000") from None
+    if answer.status in (401, 403):
+        raise Refused(f"host: {clean} answers {answer.status} to GET /v1/models: it wants an "
+                      f"API key (the api_key field, or $OPENAI_API_KEY / --header when Locust "
+                      f"starts)")
+    if answer.status is None:
+        raise Refused(f"host: {clean} does not answer (GET /v1/models "
+                      f"{bounded_http.describe(answer.outcome)}: {answer.outcome}, "
+                      f"{answer.seen()}, after {answer.elapsed_s:.1f} s): start the server, or "
+                      f"fix the host field")
 
 
 _plans: dict = {}
@@ -265,7 +281,7 @@ def plan_help(env) -> str:
     """The mode field's help (Locust shows it in the field's one-line label, cut at about 120
     characters): what the plan runs, first."""
     path = getattr(env.parsed_options, "profile", "") or ""
-    return f"{describe_plan(path)}; manual: users by hand (Edit)"
+    return f"{describe_plan(path)}; manual: users by hand (Edit); search: its levels probed"
 
 
 def describe_plan(path: str) -> str:
