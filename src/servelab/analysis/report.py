@@ -86,7 +86,8 @@ def _warnings(data) -> list[str]:
 
 
 def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[str], out_dir: Path, boot: int = 200,
-                 target: float = DEFAULT_TARGET) -> Path:
+                 target: float = DEFAULT_TARGET, opening: str = "") -> Path:
+    """`opening`: HTML placed first, before the frontier (the demo's answer: answer_text.render_html)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     steps = 7 + len(run_ids)
@@ -100,16 +101,20 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[str], out_dir: Pa
         advance(note="page")
         fidelity = fidelity_html(con, data.runs, data.all_rows, data.labels)
     from .report_sections import runs_table
+    from .search_section import search_section
 
     sections = []
-    for r in run_ids:
-        sections += [f"<h2>Run {esc(data.labels[r])}</h2>", stage_table(data.stage_rows[r]),
+    for i, r in enumerate(run_ids):
+        sections += [f"<h2>Run {esc(data.labels[r])}</h2>",
+                     search_section(con, r, data.labels[r], out_dir, i + 1),
+                     stage_table(data.stage_rows[r]),
                      "<h3>Server</h3>" + server_table(data.server_rows[r])]
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     title = "servelab report: " + ", ".join(data.labels[r] for r in run_ids)
     body = "\n".join([
         f"<h1>{esc(title)}</h1>",
         f'<p class="sub">generated {generated} by servelab {__version__}</p>',
+        opening,
         headline_html(data, comparison),
         *_warnings(data),
         f'<div class="verdict"><b>Verdict:</b> {esc(comparison.verdict)} (details under Comparison)</div>'
@@ -128,14 +133,15 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[str], out_dir: Pa
     return report
 
 
-def write_report(db, runs: list[str], out_dir: Path, boot: int = 200, target: float = DEFAULT_TARGET) -> Path:
+def write_report(db, runs: list[str], out_dir: Path, boot: int = 200, target: float = DEFAULT_TARGET,
+                 opening: str = "") -> Path:
     """``servelab report`` as a function: report.html and its PNGs for these runs (ids, unique
     prefixes or 'latest') of the database `db` (None: the default one) into `out_dir`."""
     from .db import open_for_reading, resolve_runs
 
     con = open_for_reading(db)
     try:
-        return build_report(con, resolve_runs(con, runs), out_dir, boot=boot, target=target)
+        return build_report(con, resolve_runs(con, runs), out_dir, boot=boot, target=target, opening=opening)
     finally:
         con.close()
 
