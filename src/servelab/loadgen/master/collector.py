@@ -213,6 +213,7 @@ class Collector:
 
     def _drain(self) -> None:
         timeout_s = self.settings.drain_timeout_s
+        self.writer.hurry()
         self.runner.send_message(messages.DRAIN, {"run_id": self.run_id, "timeout_s": timeout_s})
         deadline = time.monotonic() + timeout_s + DRAIN_SLACK_S
         while time.monotonic() < deadline and self.accounts.undrained(self._live_nodes()):

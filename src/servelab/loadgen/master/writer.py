@@ -66,6 +66,7 @@ class DbWriter:
         self._idle = Event()
         self._idle.set()
         self._flush = Event()
+        self._hurry = False
         # DatabaseLocked is raised here, before anything is sent to the workers
         self.store = pool.apply(_open_store, (open_db, db_path))
         self.reads = ReadSide(self.store.con, db_path, run_id)
@@ -81,6 +82,12 @@ class DbWriter:
 
     def metrics(self, t_unix: float, text: str) -> None:
         self._put(("metrics", t_unix, text))
+
+    def hurry(self) -> None:
+        """From now on, no waiting out the interval (the run is draining: every worker waits for
+        its last acknowledgements, and the end of the run for the workers)."""
+        self._hurry = True
+        self._flush.set()
 
     def wait_idle(self, timeout_s: float) -> None:
         self._flush.set()   # no waiting out the write interval while someone waits
@@ -122,7 +129,8 @@ class DbWriter:
                 self.ack(node_id, acct.worker, batch_no)
             self._pending -= len(items)
             if self._pending == 0:
-                self._flush.clear()
+                if not self._hurry:
+                    self._flush.clear()
                 self._idle.set()
 
     def notes(self) -> list[str]:
