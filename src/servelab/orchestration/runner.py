@@ -114,7 +114,7 @@ def run_profile(opt: RunOptions) -> RunResult:
         raise ServelabError("--workers: must be 0 (one local process) or more")
     db = Path(opt.db) if opt.db else default_db()
     run_id = check_id(opt.run_id or new_run_id(), "--run-id")
-    _claim_run_id(db, run_id)
+    claim_run_id(db, run_id)
     locustfile = loadtests_dir() / "locustfile.py"
     if not locustfile.is_file():
         raise ServelabError(f"{locustfile}: missing; set SERVELAB_HOME to the servelab checkout")
@@ -166,7 +166,7 @@ def _check_variant(opt: RunOptions):
         return None
 
 
-def _claim_run_id(db: Path, run_id: str) -> None:
+def claim_run_id(db: Path, run_id: str) -> None:
     from servelab.store.db import open_db
 
     con = open_db(db)  # creates the file, or fails now if another process holds it

@@ -99,7 +99,7 @@ class SearchOutcome:
 def search(opt: SearchOptions) -> SearchOutcome:
     """Plan, seed, run and read back one search; bad input raises ``ServelabError``."""
     from servelab.loadgen.options import new_run_id
-    from servelab.orchestration.runner import run_profile
+    from servelab.orchestration.runner import claim_run_id, run_profile
     from servelab.profiles import load_profile
     from servelab.store.spool import check_id
 
@@ -112,7 +112,7 @@ def search(opt: SearchOptions) -> SearchOutcome:
         check_target(credentials.split_url(opt.run.target)[0].rstrip("/"))
     db = _db_path(opt.run.db)
     run_id = check_id(opt.run.run_id or new_run_id(), "--run-id")
-    _check_new_run(db, run_id)
+    claim_run_id(db, run_id)   # refused before anything is written into the run's log folder
     path = db.parent / "logs" / run_id / "search_profile.yaml"
     write_search_profile(profile, plan, path)
     load_profile(path)   # the plan the master will read: refused here, not in Locust
@@ -259,15 +259,3 @@ def _db_path(db) -> Path:
     return Path(db) if db else default_db()
 
 
-def _check_new_run(db: Path, run_id: str) -> None:
-    """Refused before anything is written into the run's log folder."""
-    from servelab.store.db import open_db
-
-    con = open_db(db)
-    try:
-        taken = con.execute("SELECT 1 FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    finally:
-        con.close()
-    if taken:
-        raise ServelabError(f"--run-id {run_id}: {db} already has a run with that id; choose "
-                            "another name")

@@ -98,14 +98,6 @@ def itl_quantiles(buckets: list[Bucket], qs=QS) -> list[float | None]:
     return sorted_quantiles(bins[order], n[order], qs)
 
 
-def sketch_quantiles(bins: np.ndarray, counts: np.ndarray, qs=QS) -> list[float | None]:
-    """Percentiles of samples given as (bin, count) pairs, in any order, repeats allowed."""
-    if bins.size == 0:
-        return [None for _ in qs]
-    uniq, inv = np.unique(bins, return_inverse=True)
-    return sorted_quantiles(uniq, np.bincount(inv, weights=counts), qs)
-
-
 def sorted_quantiles(uniq: np.ndarray, n: np.ndarray, qs=QS) -> list[float | None]:
     """itl_stage_quantiles' percentile over distinct sorted bins ``uniq`` with counts ``n``:
     quantile_cont's interpolation between the order statistics at floor(h) and floor(h)+1

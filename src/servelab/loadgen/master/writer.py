@@ -57,7 +57,6 @@ class DbWriter:
         self.run_id = run_id
         self.accounts = accounts
         self.ack = ack
-        self.error: str | None = None
         self.source_errors: dict[str, tuple[int, str]] = {}   # source -> (failures, last)
         self.on_scrape_error = None   # (t_unix, exc), from the database thread
         self._write_no = 0
@@ -150,7 +149,6 @@ class DbWriter:
         text = f"{type(exc).__name__}: {exc}"[:300]
         count, _ = self.source_errors.get(source, (0, ""))
         self.source_errors[source] = (count + 1, text)
-        self.error = f"{source}: {text}"
         if count == 0:
             log.error("servelab: storing %s failed: %s", source, text)
 
@@ -165,10 +163,10 @@ class DbWriter:
         self._write_no += 1
         try:
             self._commit(batches, calls, metrics, self._write_no, checked=False)
-        except Exception as exc:  # noqa: BLE001 - any source's failure; each is retried alone
+        except Exception:  # noqa: BLE001 - any source's failure; each is retried alone
             self._rollback()
             if not self._landed(self._write_no):
-                self._apart(batches, calls, metrics, exc)
+                self._apart(batches, calls, metrics)
         acks.extend(b[:2] + (b[2]["batch"], b[2]["n_rows"], True) for b in batches
                     if b[2]["batch"] in b[1].stored_batches)
         return acks
@@ -200,7 +198,7 @@ class DbWriter:
                 self.on_scrape_error(t_unix, exc)
             return b""
 
-    def _apart(self, batches: list, calls: list, metrics: list, first: BaseException) -> None:
+    def _apart(self, batches: list, calls: list, metrics: list) -> None:
         """After a failed transaction: each source alone, row batches first."""
         for b in batches:
             for checked in (False, True):
