@@ -217,7 +217,7 @@ def _live(db):
 @pytest.mark.slow
 def test_a_run_against_every_hostile_metrics_answer(tmp_path, kit):
     seen_before = _get(f"{kit}/hostile/seen").get("ok", 0)
-    proc, db = _run(tmp_path, kit, "rotating", "14s",
+    proc, db = _run(tmp_path, kit, "rotating", "20s",
                     ["X-Hostile-Metrics: " + ",".join(ROTATION), "X-Hostile-Models: html_page"])
     try:
         view = wait_for(lambda: _live(db), 60, "the live view naming /metrics outcomes")
