@@ -20,7 +20,8 @@ from servelab.store import runs
 from servelab.store.db import Store, open_db
 from servelab.store.rows import HealthRow, RequestRow, RunRow, StageRow
 
-pytestmark = pytest.mark.slow
+# Both tests judge how busy this host is: another test beside them would be counted as a hog.
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 ONE_USER = chat_profile("one_user",
                        "One closed-loop user, the lightest run there is.",
