@@ -16,6 +16,9 @@ load generator is held to (issue 19): TTFT p99 within 3 ms of the reference's, I
 within 20%, CPU per chunk at most 1.1x at 256 streams and above, no saturation flag at 256.
 The machine is shared: compare the columns of one run, and repeat to see the noise.
 
+With ``--commit HEAD`` (or ``--home HEAD=DIR``) the working tree is the column "tree" and the
+committed code "HEAD".
+
 Usage: python bench/tail.py [--levels 128,256,384] [--commit 958f075 | --home NAME=DIR ...]
        [--warmup 5]
        [--hold 20] [--server-cores 0] [--client-cores 1] [--metrics-body '{}']
@@ -170,7 +173,8 @@ def _window_chunks(db: Path, t0: float, t1: float) -> int:
         con.close()
 
 
-def table(levels: list[int], results: dict, names: list[str]) -> list[str]:
+def table(levels: list[int], results: list[dict], names: list[str]) -> list[str]:
+    """One line per entry of ``levels`` (a level given twice is measured twice: the noise)."""
     def f(v, d=1):
         return "-" if v is None else f"{v:.{d}f}"
 
@@ -179,8 +183,7 @@ def table(levels: list[int], results: dict, names: list[str]) -> list[str]:
              + " | TTFT p99 ms ref, then minus ref: " + " / ".join(others)
              + " | CPU us/chunk: " + " / ".join(names)
              + " | saturated: " + " / ".join(others)]
-    for c in levels:
-        r = results[c]
+    for c, r in zip(levels, results):
         ref = r["ref"]
         lines.append(" | ".join([
             str(c), " / ".join(f(r[n]["itl_p99"], 2) for n in names),
@@ -192,8 +195,7 @@ def table(levels: list[int], results: dict, names: list[str]) -> list[str]:
     lines.append("")
     lines.append("ratios to the reference (ITL gap p99, CPU per chunk); check: TTFT p99 <= ref "
                  "+ 3 ms, ITL p99 <= 1.2x, CPU <= 1.1x from 256 streams, unflagged at 256")
-    for c in levels:
-        r = results[c]
+    for c, r in zip(levels, results):
         ref = r["ref"]
         cells = []
         for n in others:
@@ -231,7 +233,10 @@ def main() -> int:
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="servelab-tail-"))
-    homes = {"HEAD": ROOT}
+    # the working tree is "HEAD" unless another column is named so (``--commit HEAD``, or
+    # ``--home HEAD=DIR`` with an archive of it): then it is "tree", beside it
+    named = set(a.commit) | {spec.partition("=")[0] for spec in a.home}
+    homes = {"tree" if "HEAD" in named else "HEAD": ROOT}
     for commit in a.commit:
         homes[commit] = worktree(commit, tmp)
     for spec in a.home:
@@ -240,12 +245,12 @@ def main() -> int:
     names = ["ref"] + list(homes)
     mock, url = start_mock(tmp, a)
     load0 = os.getloadavg()[0]
-    results = {}
+    results = []
     try:
-        for c in levels:
-            results[c] = {"ref": run_reference(url, c, a, tmp)}
+        for i, c in enumerate(levels):
+            results.append({"ref": run_reference(url, c, a, tmp)})
             for name, home in homes.items():
-                results[c][name] = run_servelab(url, c, a, tmp, home, name)
+                results[i][name] = run_servelab(url, c, a, tmp, home, f"{name}-{i}")
     finally:
         mock.stop()
         for commit in a.commit:

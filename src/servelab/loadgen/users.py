@@ -14,6 +14,7 @@ import gevent
 from locust import FastHttpUser, constant, task
 from locust.contrib.fasthttp import FastResponse
 from locust.exception import CatchResponseError
+from locust.user.users import LOCUST_STATE_STOPPING
 
 from servelab.core.timeouts import REQUEST
 from servelab.loadgen.backoff import backoff_s, backs_off
@@ -46,13 +47,19 @@ class LLMUser(StreamingUser):
             log.warning("servelab: no run context on this worker; is --profile set?")
             gevent.sleep(1.0)
             return
-        row = ctx.closed_loop_item(self.client)
-        if row is None:
-            return
-        self.failures = self.failures + 1 if backs_off(row.error_kind) else 0
-        wait = backoff_s(self.failures)
-        if wait:
-            gevent.sleep(wait)
+        # The closed loop runs inside the task: between two requests Locust's own round would
+        # add a task draw, its wait and a zero sleep through the hub (a greenlet switch, and the
+        # rest of the request's work queued behind every other runnable greenlet). A user Locust
+        # asks to stop gracefully still stops between requests; a forced stop (servelab's: no
+        # stop_timeout) kills it mid-request, which the request records as aborted.
+        while self._state != LOCUST_STATE_STOPPING:
+            row = ctx.closed_loop_item(self.client)
+            if row is None:
+                return
+            self.failures = self.failures + 1 if backs_off(row.error_kind) else 0
+            wait = backoff_s(self.failures)
+            if wait:
+                gevent.sleep(wait)
 
 
 class OpenLoopUser(StreamingUser):

@@ -1,17 +1,29 @@
-"""The response of one streamed request: exactly one HTTP response per request.
+"""The response of one streamed request: exactly one HTTP response per request, head parsed here,
+body framing left to the stream reader.
 
-geventhttpclient's parser hands a connection back to the pool the moment a message completes,
-in the middle of a read, and takes any bytes after it for the start of the next message on the
-same parser (the way an interim 1xx is followed by the final answer). Bytes a server sends after
-a complete final response (a body longer than its Content-Length, an unsolicited second
-response, stray bytes on a keep-alive connection) would then be read as this stream's body or as
-the next request's answer. Here the message's end only marks it complete; whatever follows a
-final response is dropped and the connection is closed instead of reused, whether the extra
-bytes came in the same read or later (the pool's keep-alive check sees those).
+geventhttpclient's C parser reads the head (status, headers, interim 1xx answers), but only the
+head: this class feeds it the bytes up to each head's blank line and keeps what follows as
+``rest``. A 200 stream's body is then de-chunked by ``client.framing`` together with its SSE
+lines, in one pass per network read, without the parser's Python callback per HTTP chunk
+(``client/stream.py`` says what that saves). Any other answer (an error status whose body is
+read for its message) goes back through the parser: ``read`` feeds it ``rest`` first.
+
+A connection carries exactly one response: bytes a server sends after a complete final response
+(a body longer than its Content-Length, an unsolicited second response, stray bytes) are dropped
+and the connection is closed instead of reused, whether they came in the same read or later
+(the pool's keep-alive check sees those).
 """
 from __future__ import annotations
 
-from geventhttpclient.response import HTTPParseError, HTTPSocketPoolResponse
+import errno
+
+import gevent.socket
+from geventhttpclient.response import (HTTPConnectionClosed, HTTPParseError,
+                                       HTTPSocketPoolResponse)
+
+_END = b"\r\n\r\n"
+# a head (status line and headers) longer than this is no LLM server's: refused, not buffered
+MAX_HEAD = 1 << 20
 
 
 class _Trailing(Exception):
@@ -21,19 +33,64 @@ class _Trailing(Exception):
 class OneResponse(HTTPSocketPoolResponse):
     _final_done = False
     trailing = False   # bytes followed the complete response; the connection is not reused
+    rest = b""         # body bytes read with the head and not given to the parser
 
     def _read_headers(self, pre_buffered: bytes = b"") -> None:
+        sock = self._sock
+        buf = pre_buffered
+        fed = 0          # bytes of ``buf`` the parser has seen (a head not yet ended)
+        start = not buf
         try:
-            super()._read_headers(pre_buffered)
-        except Exception as exc:
-            # A failure after a complete final head (a bad chunk size in the same read) is the
-            # stream's, whatever the read timing: the caller classifies it as one.
-            if self.headers_complete and self.get_code() >= 200:
+            while True:
+                # the parser gets each head up to its blank line, never a byte of the body
+                end = buf.find(_END, max(0, fed - 3))
+                if end >= 0:
+                    self.feed(buf[fed:end + 4])
+                    buf, fed = buf[end + 4:], 0
+                    if self.headers_complete and self.get_code() >= 200:
+                        break
+                    continue   # an interim 1xx answer: the final head follows
+                if buf:
+                    if len(buf) > MAX_HEAD:
+                        raise HTTPParseError(f"response head over {MAX_HEAD >> 20} MiB")
+                    self.feed(buf[fed:])
+                    fed = len(buf)
                 try:
-                    exc.servelab_status = self.get_code()
-                except AttributeError:
-                    pass
+                    data = sock.recv(self.block_size)
+                except gevent.socket.error as e:
+                    if e.errno == errno.ECONNRESET and start:
+                        raise HTTPConnectionClosed("connection closed.") from None
+                    raise
+                if not data:
+                    if start:
+                        raise HTTPConnectionClosed("connection closed.")
+                    if self.headers_complete:
+                        raise HTTPParseError("connection closed after interim response")
+                    raise HTTPParseError("connection closed before end of the headers")
+                start = False
+                buf += data
+            self.rest = buf
+            if self.message_complete:   # a bodyless final answer (204, 304)
+                self.done(bool(buf))
+        except BaseException:
+            self.release()
             raise
+
+    def read(self, length: int | None = None) -> bytes:
+        """The body through the parser (error answers): the bytes read with the head first."""
+        if self.rest:
+            rest, self.rest = self.rest, b""
+            self.feed(rest)
+        return super().read(length)
+
+    def done(self, trailing: bool) -> None:
+        """The body is complete (``client.framing`` says so): the connection goes back to the
+        pool, or is closed when bytes followed the response or the server asked to close."""
+        self.message_complete = True
+        if trailing:
+            self._trailing_data_dropped = True
+            self.trailing = True
+        self.release()
 
     def _on_message_begin(self) -> None:
         if self._final_done:
