@@ -40,7 +40,7 @@ NO_TESTS_IS_FAILURE = rc=$$?; if [ $$rc -eq 5 ]; then echo "make: pytest collect
 # (each keeping a file's tests together, so a module's fixtures run once) share CI's two cores.
 # Tests that judge this host's own load (marked `serial`) would see the other worker's load as
 # theirs: they run afterwards, alone.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 2
 test: $(STAMP_TEST) ensure-chromium
 	@$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS); a=$$?; \
 	$(PYTEST) -m serial $(PYTEST_ARGS); b=$$?; \

@@ -1,7 +1,9 @@
 -- server_metric_names: the one map from a canonical server metric (the name the server views
 -- read) to the name each server kind exposes on /metrics; one row per (kind, canonical, exposed).
---   kind      = the server a variant runs ('vllm', 'sglang'; a new kind adds its rows here and
---               the server views read it unchanged).
+--   kind      = the server a variant runs ('vllm', 'sglang'). The rows are each kind's own
+--               (view_metrics of its package, specs/server_kinds/<kind>/), written in below when
+--               the views are installed: a new kind's package brings its rows, and the server
+--               views read it unchanged.
 --   canonical = gauges: running, waiting (requests; summed over engines), kv_usage (KV-cache use
 --               0..1, averaged over engines), kv_usage_legacy (the same figure under vLLM's pre-0.9
 --               name, read only when kv_usage is absent);
@@ -28,27 +30,5 @@
 -- (sglang:spec_accept_length is its gauge).
 CREATE OR REPLACE VIEW server_metric_names AS
 SELECT * FROM (VALUES
-    ('vllm', 'running', 'vllm:num_requests_running'),
-    ('vllm', 'waiting', 'vllm:num_requests_waiting'),
-    ('vllm', 'kv_usage', 'vllm:kv_cache_usage_perc'),
-    ('vllm', 'kv_usage_legacy', 'vllm:gpu_cache_usage_perc'),
-    ('vllm', 'preemptions_total', 'vllm:num_preemptions_total'),
-    ('vllm', 'prompt_tokens_total', 'vllm:prompt_tokens_total'),
-    ('vllm', 'generation_tokens_total', 'vllm:generation_tokens_total'),
-    ('vllm', 'prefix_cache_queries_total', 'vllm:prefix_cache_queries_total'),
-    ('vllm', 'prefix_cache_hits_total', 'vllm:prefix_cache_hits_total'),
-    ('vllm', 'spec_drafts_total', 'vllm:spec_decode_num_drafts_total'),
-    ('vllm', 'spec_draft_tokens_total', 'vllm:spec_decode_num_draft_tokens_total'),
-    ('vllm', 'spec_accepted_tokens_total', 'vllm:spec_decode_num_accepted_tokens_total'),
-    ('vllm', 'offload_queries_total', 'vllm:external_prefix_cache_queries_total'),
-    ('vllm', 'offload_hits_total', 'vllm:external_prefix_cache_hits_total'),
-    ('vllm', 'offload_bytes_total', 'vllm:kv_offload_total_bytes_total'),
-    ('sglang', 'running', 'sglang:num_running_reqs'),
-    ('sglang', 'waiting', 'sglang:num_queue_reqs'),
-    ('sglang', 'kv_usage', 'sglang:token_usage'),
-    ('sglang', 'preemptions_total', 'sglang:num_retracted_requests_total'),
-    ('sglang', 'prompt_tokens_total', 'sglang:prompt_tokens_total'),
-    ('sglang', 'generation_tokens_total', 'sglang:generation_tokens_total'),
-    ('sglang', 'prefix_cache_queries_total', 'sglang:prompt_tokens_total'),
-    ('sglang', 'prefix_cache_hits_total', 'sglang:cached_tokens_total')
+    -- server kinds' rows: filled in at install from specs.server_kinds (ServerKind.view_metrics)
 ) AS t(kind, canonical, exposed);

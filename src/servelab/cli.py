@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "servelab.commands.run",
     "servelab.commands.search",
     "servelab.commands.analysis",
+    "servelab.commands.telemetry",
     "servelab.commands.calibrate",
 ]
 

@@ -19,7 +19,9 @@ from servelab.core.procs import spawn
 
 EXPECTED_VIEWS = {"request_metrics", "chunk_arrivals", "itl_chunks", "itl_tokens", "itl_stage_quantiles", "itl_stage_quantiles_exact", "stage_summary",
                   "client_timeline", "server_metric_names", "server_series", "server_timeline", "server_stage_summary", "run_overview",
-                  "compare", "slo_frontier", "fidelity_summary"}
+                  "compare", "slo_frontier", "fidelity_summary",
+                  "span_clock", "request_phases", "span_join", "phase_stage_summary",
+                  "gpu_stage_energy", "server_phase_means", "engine_timeline"}
 
 
 def test_every_view_file_states_its_definition(known_con):

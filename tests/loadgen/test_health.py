@@ -10,6 +10,8 @@ from servelab.store.rows import HealthRow, RequestRow, RunRow, StageRow
 pytestmark = pytest.mark.slow
 
 
+# Its idle phase must see an idle loop: a neighbour test's load is lag it would count.
+@pytest.mark.serial
 def test_loop_lag_is_seen_and_flags_the_stage(tmp_path):
     rows = {r["phase"]: r for r in json_lines(run_script(HERE / "health_probe.py"))}
     idle, busy = rows["idle"], rows["busy"]

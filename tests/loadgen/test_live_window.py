@@ -6,15 +6,18 @@ a real Locust web UI (the README's command, manual mode) and the simulator, draw
 import math
 import random
 
+import duckdb
+import numpy as np
 import orjson
 import pytest
 
 from servelab.analysis.views import open_results_db
 from servelab.loadgen.master.live import LiveWindow
+from servelab.loadgen.master.live_stats import bin_values, sketch_bins
 from servelab.loadgen.master.scraper import metric_rows, server_figures, server_state
 from servelab.loadgen.worker.recorder import _live_sample
 from servelab.store import runs as run_flags
-from servelab.store.db import Store
+from servelab.store.db import SKETCH_GAMMA, Store, _bucket
 from servelab.store.rows import ClassRow, HealthRow, RequestRow, RunRow, StageRow
 
 T0 = 1_700_000_000.0
@@ -160,19 +163,14 @@ def _ndjson(tmp_path, data: bytes):
     return path
 
 
-def test_saturation_verdict_is_the_stored_flags_rule(tmp_path):
-    """A worker over the loop-lag limit and one over CPU, one busy host: the live verdict and
-    store/runs.py's saturation() on the same health rows name the same workers and causes."""
+def _both_verdicts(tmp_path, shapes: dict) -> tuple[dict, dict, dict]:
+    """Six seconds of each worker's health ``shape``, judged live and by store/runs.py."""
     con = open_results_db(tmp_path / "h.duckdb")
     store = Store(con)
     store.append_rows("stages", [StageRow("h", 0, "manual", 1.0, T0, T0, T0, T0 + 10, T0 + 10)])
     clock = Clock(T0)
     live = LiveWindow({}, clock=clock)
     live.stage = lambda: {"stage": 0}
-    shapes = {"w0": dict(loop_lag_p99_ms=2.0, cpu_percent=40.0),
-              "w1": dict(loop_lag_p99_ms=9.0, cpu_percent=60.0),
-              "w2": dict(loop_lag_p99_ms=1.0, cpu_percent=97.0),
-              "w3": dict(loop_lag_p99_ms=12.0, cpu_percent=10.0, host_cpu_percent=99.0)}
     rows = []
     for i in range(6):
         clock.t = T0 + 1 + i
@@ -183,10 +181,61 @@ def test_saturation_verdict_is_the_stored_flags_rule(tmp_path):
     store.append_rows("client_health", rows)
     stored = {s.worker: s.cause for s in run_flags.saturation(con, "h")}
     view = live.view([])["generator"]
+    store.close()
     shown = {w: v["cause"] for w, v in view["workers"].items() if v["saturated"]}
+    return shown, stored, view
+
+
+def test_saturation_verdict_is_the_stored_flags_rule(tmp_path):
+    """A worker over the loop-lag limit and one over CPU, one busy host: the live verdict and
+    store/runs.py's saturation() on the same health rows name the same workers and causes."""
+    shapes = {"w0": dict(loop_lag_p99_ms=2.0, cpu_percent=40.0),
+              "w1": dict(loop_lag_p99_ms=9.0, cpu_percent=60.0),
+              "w2": dict(loop_lag_p99_ms=1.0, cpu_percent=97.0),
+              "w3": dict(loop_lag_p99_ms=12.0, cpu_percent=10.0, host_cpu_percent=99.0)}
+    shown, stored, view = _both_verdicts(tmp_path, shapes)
     assert shown == stored == {"w1": "generator", "w2": "generator", "w3": "host"}
     assert view["saturated"] and {t["worker"] for t in view["trips"]} == set(stored)
-    store.close()
+
+
+def test_saturation_rule_at_its_limits(tmp_path):
+    """At each limit exactly, just past it, with host figures missing: the live window's medians
+    through store/runs.py's SQL rule agree with the stored flags."""
+    lim, cpu = run_flags.LOOP_LAG_LIMIT_MS, run_flags.CPU_LIMIT
+    own = run_flags.OWN_CPU_BUSY
+    shapes = {"at_lag": dict(loop_lag_p99_ms=lim, cpu_percent=40.0),
+              "past_lag": dict(loop_lag_p99_ms=lim + 1e-6, cpu_percent=40.0),
+              "at_cpu": dict(loop_lag_p99_ms=1.0, cpu_percent=cpu),
+              "no_cpu": dict(loop_lag_p99_ms=lim * 2),
+              "steal_at_busy": dict(loop_lag_p99_ms=lim * 2, cpu_percent=own - 1,
+                                    host_steal_percent=run_flags.HOST_BUSY_STEAL),
+              "own_at_busy": dict(loop_lag_p99_ms=lim * 2, cpu_percent=own,
+                                  host_runnable_per_core=run_flags.HOST_BUSY_RUNNABLE),
+              "host_below": dict(loop_lag_p99_ms=lim * 2, cpu_percent=own - 1,
+                                 involuntary_switches_per_s=run_flags.HOST_BUSY_SWITCHES - 1)}
+    shown, stored, _ = _both_verdicts(tmp_path, shapes)
+    assert shown == stored == {"past_lag": "generator", "no_cpu": "generator",
+                               "steal_at_busy": "host", "own_at_busy": "generator",
+                               "host_below": "generator"}
+    # a median the rows cannot carry (orjson writes inf as null) still reaches the rule intact
+    assert run_flags.judge_medians(duckdb.connect(), [
+        {"loop_lag_p99_ms": math.inf}, {"cpu_percent": 1.0, "host_cpu_percent": math.inf}]) \
+        == [(True, "generator"), (False, "host")]
+
+
+def test_live_sketch_buckets_are_the_stores(stored):
+    """live_stats buckets a gap and reads a bucket back as the store's SQL (store/db.py's
+    bucket expression, the views' servelab_sketch_value) does, at the edges too."""
+    con, _ = stored
+    values = [0.0, 1e-7, 3e-4, 0.5, 1.0, 20.0, 7.5e6, -5.0, -1e-3,
+              *(SKETCH_GAMMA ** k for k in (-300, -7, 1, 2, 50, 400))]
+    (sql_bins,) = con.execute(f"SELECT list_transform(?::DOUBLE[], v -> {_bucket('v')})",
+                              [values]).fetchone()
+    live_bins = sketch_bins(np.array(values))
+    assert live_bins.tolist() == sql_bins
+    (sql_values,) = con.execute("SELECT list_transform(?::INTEGER[], b -> "
+                                "servelab_sketch_value(b))", [sql_bins]).fetchone()
+    assert bin_values(live_bins).tolist() == pytest.approx(sql_values, rel=1e-12)
 
 
 def test_series_is_bounded_and_json_clean():

@@ -12,8 +12,8 @@ import yaml
 
 from servelab.core.errors import ServelabError
 from servelab.core.procs import spawn
-from servelab.sim.engine.costs import (CostParams, find_calibration, load_calibration,
-                                       resolve_cost)
+from servelab.sim.engine.costs import resolve_cost
+from servelab.specs.cost_calibration import CostParams, find_calibration, load_calibration
 from servelab.specs.engine_config import build_engine_config
 
 from .conftest import REPO

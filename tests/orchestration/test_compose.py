@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from servelab.orchestration import compose
+from servelab.orchestration import compose, otlp
 from servelab.specs.variants import list_variants, load_all, load_variant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,8 @@ def test_default_profile_starts_simulator_and_locust():
     # Inside the container the UI and the worker port listen beyond loopback (the published UI
     # port and the compose network reach them); 5557 is not published on the host.
     assert master["environment"] == {"SERVELAB_MODE": "plan", "LOCUST_WEB_HOST": "0.0.0.0",
-                                     "LOCUST_MASTER_BIND_HOST": "0.0.0.0"}
+                                     "LOCUST_MASTER_BIND_HOST": "0.0.0.0",
+                                     "SERVELAB_OTLP_HOST": "0.0.0.0"}
     assert services["sim"]["ports"][0]["host_ip"] == "127.0.0.1"
     assert "/health" in " ".join(services["sim"]["healthcheck"]["test"])
     assert "FROM python:3.11-slim" in (REPO / "docker/Dockerfile").read_text()
@@ -106,7 +107,10 @@ def test_every_variant_profile(name):
         # --model-path MODEL ARGS` (set as entrypoint): the model, then the variant's arguments.
         assert svc.get("entrypoint") == (list(kind.image_entrypoint) if kind.compose_entrypoint
                                          else None)
-        assert svc["command"] == kind.container_command(variant.model, variant.serve_args, 8000)
+        # ... and where its spans go (orchestration/otlp.py: test_otlp_flags.py)
+        spans = otlp.server_args(variant, otlp.endpoint(4318, compose.loadgen_name(variant)))
+        assert svc["command"] == kind.container_command(variant.model, variant.serve_args,
+                                                        8000) + spans
         assert list(variant.serve_args) == svc["command"][
             svc["command"].index(variant.model) + 1:][:len(variant.serve_args)]
         device = svc["deploy"]["resources"]["reservations"]["devices"][0]

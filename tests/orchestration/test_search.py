@@ -60,6 +60,8 @@ def _check_path(out: dict, db: Path, seeded_at: float | None) -> None:
 
 
 @pytest.mark.slow
+# A probe on a busy host is "missed, because host busy" by design: a neighbour test makes it one.
+@pytest.mark.serial
 def test_search_starts_at_the_prediction_and_every_probe_is_a_stage(tmp_path, cli):
     db = tmp_path / "results" / "r.duckdb"
     code, out, err = cli("search", "--profile", PROFILE, "--variant", VARIANT, "--hardware",
@@ -83,6 +85,7 @@ def test_search_starts_at_the_prediction_and_every_probe_is_a_stage(tmp_path, cl
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_rate_search_with_two_workers_sends_each_probes_planned_arrivals(tmp_path, cli):
     db = tmp_path / "results" / "r.duckdb"
     code, out, err = cli("search", "--profile", RATE, "--db", db, "--run-id", "r1", "--workers",

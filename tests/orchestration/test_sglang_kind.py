@@ -8,8 +8,8 @@ import pytest
 
 from servelab.orchestration.preflight import gpus_from_hardware, run_preflight
 from servelab.specs.server_kinds import SGLANG, server_kind
-from servelab.specs.server_kinds.sglang import (engine_args, mem_fraction_static_default,
-                                                speculative)
+from servelab.specs.server_kinds.sglang.serve import (engine_args, mem_fraction_static_default,
+                                                      speculative)
 from servelab.specs.serve_args import parse_serve_args
 from servelab.specs.variants import VariantError, load_variant
 

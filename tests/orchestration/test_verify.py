@@ -183,3 +183,106 @@ def test_data_parallel_engines_each_printing_dp1_make_dp2():
     parallel = next(c for c in judge(load_variant("dp2", environ={}), facts).checks
                     if c.name == "parallelism")
     assert parallel.status == "ok" and parallel.detail == "TP 1, DP 2"
+
+
+# ---- version ranges (specs.server_kinds.vllm.versions) -----------------------------------------
+def _int4_log(tmp_path, method: str, kernel: str, quant: str):
+    """The real BF16 0.26 log with its engine line and kernel line as vLLM 0.26 writes them for a
+    GPTQ/AWQ folder: quantization=auto_gptq (AutoGPTQConfig.get_name) and
+    ``logger.info("Using %s for AutoGPTQLinearMethod", kernel_type.__name__)`` (auto_gptq.py)."""
+    lines = []
+    for line in (CAPTURED / "bf16" / "startup.log").read_text().splitlines():
+        if "Initializing a V1 LLM engine" in line:
+            line = line.replace("quantization=None", f"quantization={quant}")
+            lines.append(line)
+            prefix = line.split("[core.py")[0]
+            lines.append(f"{prefix}[{quant}.py:357] Using {kernel} for {method}")
+            continue
+        lines.append(line)
+    path = tmp_path / f"{quant}.log"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("variant, env, method, quant", [
+    ("gptq_int4", "SERVELAB_MODEL_GPTQ", "AutoGPTQLinearMethod", "auto_gptq"),
+    ("awq_int4", "SERVELAB_MODEL_AWQ", "AutoAWQMarlinLinearMethod", "auto_awq"),
+])
+@pytest.mark.parametrize("kernel", ["MacheteLinearKernel", "MarlinLinearKernel"])
+def test_026_int4_kernel_lines_verify(tmp_path, variant, env, method, quant, kernel):
+    log = _int4_log(tmp_path, method, kernel, quant)
+    verdict = verify(load_variant(variant, environ={env: SERVED_FROM}), log)
+    found = {c.name: c for c in verdict.checks}
+    assert verdict.status == "verified", verdict.summary()
+    assert found["precision"].detail == f"W4A16 ({kernel} for {method})"
+    assert found["version"].detail == "vLLM 0.26.0 (range [0.26, 0.28), torch 2.11.0)"
+    # a GPTQ folder whose layers stayed 16-bit (no kernel line) is not taken for Int4
+    plain = load_variant(variant, environ={env: SERVED_FROM})
+    bf16_log = verify(plain, CAPTURED / "bf16" / "startup.log")
+    assert bf16_log.status == "mismatch"
+
+
+class _FakeVllm:
+    """A real socket answering /version and /metrics as a vLLM of ``version`` would."""
+
+    def __init__(self, version: str, families: list[str]):
+        import http.server
+        import threading
+
+        body = {"/version": json.dumps({"version": version}).encode(),
+                "/metrics": "".join(f"# HELP {f} x\n# TYPE {f} gauge\n{f}{{engine=\"0\"}} 1.0\n"
+                                    for f in families).encode()}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                data = body.get(self.path)
+                self.send_response(200 if data else 404)
+                self.send_header("Content-Type", "application/json" if self.path == "/version"
+                                 else "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data or b"")))
+                self.end_headers()
+                self.wfile.write(data or b"")
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_verify_takes_the_version_from_the_servers_version_endpoint():
+    # No log: the range comes from GET /version; a 0.33-only family on a server that says 0.26
+    # is named (another version or a fork), one that says 0.33 is fine.
+    families = ["vllm:num_requests_running", "vllm:admission_rejections"]
+    for version, status in (("0.33.0", "ok"), ("0.26.0", "warn"), ("0.40.1", "warn")):
+        server = _FakeVllm(version, families)
+        try:
+            verdict = verify(load_variant("bf16", environ={}), url=server.url)
+        finally:
+            server.close()
+        check = next(c for c in verdict.checks if c.name == "version")
+        assert verdict.facts["vllm_version"] == version
+        assert check.status == status, check.detail
+        if version == "0.26.0":
+            assert "0.26 does not define (vllm:admission_rejections)" in check.detail
+        if version == "0.40.1":
+            assert "newer than the newest release read (0.33.0)" in check.detail
+
+
+def test_batched_tokens_default_is_checked_per_release_and_gpu():
+    from servelab.orchestration.gpus import Gpu
+    from servelab.orchestration.verify_rules import judge
+    from servelab.specs.server_kinds import ServerFacts
+
+    b200 = [Gpu(0, "NVIDIA B200", (10, 0), 183_359, 0)]
+    for version, status in (("0.26.0", "ok"), ("0.33.0", "warn")):
+        facts = ServerFacts(vllm_version=version, max_num_batched_tokens=8192)
+        check = next(c for c in judge(load_variant("bf16", environ={}), facts, b200).checks
+                     if c.name == "version")
+        assert check.status == status, check.detail
+    assert "0.33's default on a NVIDIA B200 is 16384" in check.detail

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter
 
-from servelab.profiles.distributions import make_sampler, read_values_file
 from servelab.profiles.schema import SecondsDist, TokenDist
+from servelab.profiles.values_file import read_values_file
 
 N = 10_000
 Z = NormalDist()
@@ -23,7 +23,7 @@ Z = NormalDist()
 
 def tokens(spec) -> np.ndarray:
     dist = TypeAdapter(TokenDist).validate_python(spec)
-    return make_sampler(dist)(np.random.default_rng(12345), N)
+    return dist.sampler()(np.random.default_rng(12345), N)
 
 
 def check(x: np.ndarray, mean: float, p50: float, p90: float, p99: float,
@@ -133,7 +133,7 @@ def test_empirical_from_csv_and_jsonl_files(tmp_path):
 def tokens_from_file(base, name, column):
     dist = TypeAdapter(TokenDist).validate_python(
         {"kind": "empirical", "file": name, "column": column}, context={"base_dir": base})
-    return make_sampler(dist)(np.random.default_rng(3), N)
+    return dist.sampler()(np.random.default_rng(3), N)
 
 
 def test_values_file_errors_name_the_line(tmp_path):
@@ -149,8 +149,8 @@ def test_values_file_errors_name_the_line(tmp_path):
 
 def test_seconds_distribution_is_real_valued():
     dist = TypeAdapter(SecondsDist).validate_python({"kind": "uniform", "min": "1s", "max": 3})
-    x = make_sampler(dist, integer=False)(np.random.default_rng(5), N)
+    x = dist.sampler()(np.random.default_rng(5), N)
     assert x.dtype == float and 1 <= x.min() and x.max() < 3
     assert abs(x.mean() - 2.0) < 0.02 and len(np.unique(x)) > N - 10
     fixed = TypeAdapter(SecondsDist).validate_python("1m30s")
-    assert set(make_sampler(fixed, integer=False)(np.random.default_rng(5), 10)) == {90.0}
+    assert set(fixed.sampler()(np.random.default_rng(5), 10)) == {90.0}

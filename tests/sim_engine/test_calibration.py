@@ -2,7 +2,7 @@
 (median TPOT and output throughput, concurrency 1 to 16); docs/simulator.md has the full table."""
 import pytest
 
-from servelab.sim.engine.calibration import H100_SWEEP, h100_sweep
+from servelab.orchestration.calibrate_published import H100_SWEEP, h100_sweep
 
 
 @pytest.fixture(scope="module")

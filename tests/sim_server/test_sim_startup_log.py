@@ -6,7 +6,7 @@ from servelab.orchestration.serverlog import parse_log
 from servelab.orchestration.verify import verify
 from servelab.sim.engine.kv_sizing import plan_kv_cache
 from servelab.sim.server.server import resolve_config
-from servelab.sim.engine.startup_log import engine_config_line, format_line, startup_lines
+from servelab.specs.server_kinds.vllm.sim_log import engine_config_line, format_line, startup_lines
 from servelab.specs.variants import load_variant
 
 
@@ -23,8 +23,10 @@ def sim_log(tmp_path, variant, hardware, extra=()):
     ("bf16", "L40S", (), "verified", "precision", "unquantized (torch.bfloat16)"),
     ("fp8", "L40S", (), "verified", "precision", "native FP8 W8A8 (CutlassFP8ScaledMMLinearKernel"),
     ("fp8", "A10G", (), "mismatch", "precision", "weight-only FP8 through Marlin (W8A16)"),
-    ("gptq_int4", "L4", (), "verified", "precision", "W4A16 (gptq_marlin)"),
-    ("awq_int4", "L40S", (), "verified", "precision", "W4A16 (awq_marlin)"),
+    ("gptq_int4", "L4", (), "verified", "precision",
+     "W4A16 (MarlinLinearKernel for AutoGPTQLinearMethod)"),
+    ("awq_int4", "L40S", (), "verified", "precision",
+     "W4A16 (MarlinLinearKernel for AutoAWQMarlinLinearMethod)"),
     ("awq_int4", "L40S", ("--quantization", "awq"), "verified", "precision",
      "forces the slow kernel"),
     ("bf16", "L40S", ("--quantization", "fp8"), "mismatch", "precision",
@@ -53,7 +55,7 @@ def test_the_engine_config_line_has_vllms_fields():
     config, _, _ = resolve_config("A10G", "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4",
                                   ["--max-model-len", "4096", "--served-model-name", "a", "b",
                                    "--enforce-eager"])
-    line = engine_config_line(config, seed=11)
+    line = engine_config_line(config, seed=11, version="0.11.0")  # the oldest row's words
     assert line.startswith("Initializing a V1 LLM engine (v0.11.0+servelab.sim) with config: "
                            "model='Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4', speculative_config=None, "
                            "tokenizer='Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4', ")
@@ -78,7 +80,7 @@ def test_the_engine_config_line_has_vllms_fields():
 def test_kernel_lines_for_each_quantization_path():
     def lines(hardware, model, *flags):
         config, _, _ = resolve_config(hardware, model, ["--max-model-len", "4096", *flags])
-        return startup_lines(config, plan_kv_cache(config))
+        return startup_lines(config, plan_kv_cache(config), version="0.11.0")  # the oldest row
 
     gptq = lines("L40S", "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4")
     assert "The model is convertible to gptq_marlin during runtime. Using gptq_marlin kernel." in gptq

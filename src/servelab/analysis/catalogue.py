@@ -79,7 +79,39 @@ FRONTIER_METRICS = [
     ]
 ]
 
-METRICS: dict[str, Metric] = {m.name: m for m in STAGE_METRICS + SERVER_METRICS + FRONTIER_METRICS}
+# Where TTFT and E2E go (analysis/45_request_phases.sql): the server's span joined to the row.
+PHASE_METRICS = [
+    Metric(f"{key}_{q}_ms", f"{q} {name}", f"{head} {q}", "ms", None, 1, "phase_stage_summary")
+    for key, name, head in [
+        ("to_server", "client send -> server arrival", "to server"),
+        ("queue", "engine queue", "queue"), ("prefill", "prefill", "prefill"),
+        ("server_other", "server TTFT outside queue and prefill", "server other"),
+        ("to_client", "server first token -> client first chunk", "to client"),
+        ("ttft_residual", "TTFT residual", "TTFT resid"), ("decode", "decode", "decode"),
+        ("last_to_client", "server last token -> client last chunk", "last to client"),
+        ("e2e_residual", "E2E residual", "E2E resid")]
+    for q in ("p50", "p99")
+] + [Metric("clock_offset_ms", "server clock offset", "clock offset", "ms", None, 2,
+            "phase_stage_summary")]
+
+# GPU samples per stage (analysis/42_gpu_stage_energy.sql): energy per output token and the rest.
+ENERGY_METRICS = [
+    Metric("joules_per_output_token", "energy per output token", "J/token", "J/token", "lower", 3,
+           "gpu_stage_energy"),
+    Metric("output_tokens_per_joule", "output tokens per joule", "tok/J", "tokens/J", "higher", 2,
+           "gpu_stage_energy"),
+    *[Metric(name, label, header, unit, None, digits, "gpu_stage_energy")
+      for name, label, header, unit, digits in [
+          ("power_mean_w", "GPU power (mean, all GPUs)", "power", "W", 0),
+          ("energy_j", "GPU energy in the window", "energy", "J", 0),
+          ("util_mean_pct", "GPU utilisation (mean)", "GPU util", "%", 0),
+          ("sm_clock_mean_mhz", "SM clock (mean)", "SM clock", "MHz", 0),
+          ("mem_used_max_mib", "GPU memory used (max)", "mem max", "MiB", 0),
+          ("temp_max_c", "GPU temperature (max)", "temp max", "C", 0)]],
+]
+
+METRICS: dict[str, Metric] = {m.name: m for m in STAGE_METRICS + SERVER_METRICS + FRONTIER_METRICS
+                              + PHASE_METRICS + ENERGY_METRICS}
 
 # What `servelab compare`, the report's comparison and the matrix verdict judge, in display order.
 COMPARED = [METRICS[n] for n in (

@@ -23,6 +23,7 @@ from servelab.core.errors import ServelabError
 from .bootstrap import Estimator, load_stage, load_stages
 from .catalogue import COMPARED, FLAG_MEANING, METRICS, better
 from .db import fetch_dicts
+from .energy import energy_note
 from .exact import EXACT_ITL, exact_itl
 from .groups import Group, attach_flags, groups_for_runs, groups_for_variants
 from servelab.core.bars import track
@@ -222,6 +223,7 @@ def compare_groups(
             estimates[g.label] = (_view_point(points, g.run_ids[0], stage, class_name, exact_rows) if len(g.run_ids) == 1
                                   else est.point())
             replicates[g.label] = est.resample(rng, boot) if est.n else {}
+        notes += energy_note(con, groups, stage, baseline)
         distinct_levels = {v for v in levels.values() if v is not None}
         if len(distinct_levels) > 1:
             notes.append("the groups ran this stage at different loads: "

@@ -10,10 +10,12 @@ from .plots import _finite, _save, plt
 
 
 def timeline(client: list[dict], server: list[dict], stages: list[dict], started_unix: float, title: str,
-             path: Path) -> Path:
-    """Client latency and throughput on top, the server's state under it, on one time axis."""
-    panels = ["latency", "tokens", "queue", "kv", "preempt"]
+             path: Path, engine: list[dict] | None = None) -> Path:
+    """Client latency and throughput on top, the server's state under it, on one time axis; with
+    ``engine`` rows (engine_timeline: iteration lines, GPU samples) a panel of those too."""
+    panels = ["latency", "tokens", "queue", "kv", "preempt"] + (["engine"] if engine else [])
     has_health = any(r.get("cpu_percent_max") is not None for r in client)
+    engine = engine or []
     if has_health:
         panels.append("client")
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 2.0 * len(panels)), sharex=True)
@@ -51,6 +53,18 @@ def timeline(client: list[dict], server: list[dict], stages: list[dict], started
     x, y = xs(server, "preemptions_per_s")
     ax["preempt"].bar(x, y, width=1.0, color="C4", label="preemptions/s")
     ax["preempt"].set_ylabel("preempt/s")
+    if engine:
+        for key, label in (("context_tokens", "engine: context tokens/s"),
+                           ("generation_tokens", "engine: generation tokens/s")):
+            x, y = xs(engine, key)
+            ax["engine"].plot(x, y, label=label)
+        ax["engine"].set_ylabel("tokens/s")
+        x, y = xs(engine, "power_w")
+        if x:
+            twin = ax["engine"].twinx()
+            twin.plot(x, y, ":", color="C3", label="GPU power W")
+            twin.set_ylabel("W")
+            twin.legend(fontsize=7, loc="upper left")
     if has_health:
         x, y = xs(client, "cpu_percent_max")
         ax["client"].plot(x, y, color="C5", label="generator CPU % (worst worker)")

@@ -23,7 +23,9 @@ from .compare import compare_groups, groups_for_runs
 from .frontier import DEFAULT_TARGET
 from servelab.core.bars import bar
 from .report_html import CSS, DEFINITIONS, PAGE_SCRIPT, esc, img
-from .report_sections import comparison_html, fidelity_html, headline_html, server_table, stage_table
+from .report_phases import phases_html
+from .report_sections import (comparison_html, energy_html, fidelity_html, headline_html, server_table,
+                              stage_table)
 
 # Kept importable under its old name: tests and callers label runs through it.
 _labels = report_data.labels_for
@@ -66,7 +68,7 @@ def _figures(data, out_dir: Path, advance) -> list[str]:
         started = data.runs[i]["started_unix"] or (stages[0]["started_unix"] if stages else 0.0)
         label = data.labels[r]
         path = timeline(data.client[r], data.server[r], stages, started, f"{label}: client (top) and server (below)",
-                        out_dir / f"timeline_{i + 1}.png")
+                        out_dir / f"timeline_{i + 1}.png", engine=data.engine.get(r))
         figs.append(img(path, f"timeline of {label}: client latency and throughput over the server's state",
                         f"{label}: client latency and throughput per second over the server's queue, KV-cache use "
                         f"and preemptions, on one time axis; {kind}.", {"series": 1}))
@@ -108,7 +110,9 @@ def build_report(con: duckdb.DuckDBPyConnection, run_ids: list[str], out_dir: Pa
         sections += [f"<h2>Run {esc(data.labels[r])}</h2>",
                      search_section(con, r, data.labels[r], out_dir, i + 1),
                      stage_table(data.stage_rows[r]),
-                     "<h3>Server</h3>" + server_table(data.server_rows[r])]
+                     phases_html(con, r),
+                     "<h3>Server</h3>" + server_table(data.server_rows[r]),
+                     energy_html(con, r)]
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     title = "servelab report: " + ", ".join(data.labels[r] for r in run_ids)
     body = "\n".join([

@@ -34,6 +34,7 @@ class ReportData:
     client: dict[str, list[dict]] = field(default_factory=dict)
     server: dict[str, list[dict]] = field(default_factory=dict)
     stages: dict[str, list[dict]] = field(default_factory=dict)
+    engine: dict[str, list[dict]] = field(default_factory=dict)   # engine_timeline rows
 
     @property
     def all_rows(self) -> dict[str, list[dict]]:
@@ -83,6 +84,7 @@ def load(con: duckdb.DuckDBPyConnection, run_ids: list[str], target: float = DEF
     data.cdf_panels = _cdf_panels(con, data)
     data.client = _by_run(fetch_dicts(con, "SELECT * FROM client_timeline WHERE list_contains(?, run_id) ORDER BY t_unix", ids), run_ids)
     data.server = _by_run(fetch_dicts(con, "SELECT * FROM server_timeline WHERE list_contains(?, run_id) ORDER BY t_unix", ids), run_ids)
+    data.engine = _by_run(fetch_dicts(con, "SELECT * FROM engine_timeline WHERE list_contains(?, run_id) ORDER BY t_unix", ids), run_ids)
     data.stages = _by_run(fetch_dicts(con, "SELECT * FROM stages WHERE list_contains(?, run_id) ORDER BY stage", ids), run_ids)
     return data
 

@@ -89,6 +89,21 @@ def server_table(rows: list[dict]) -> str:
                  optional=set(range(1 + len(SERVER_SHOWN), 1 + len(names))))
 
 
+def energy_html(con: duckdb.DuckDBPyConnection, run_id: str) -> str:
+    """The run's GPU energy per stage (view gpu_stage_energy), or nothing without GPU samples."""
+    from .energy import SHOWN, energy_rows
+
+    rows = energy_rows(con, run_id)
+    if not rows:
+        return ""
+    return ("<h3>GPU energy</h3>" + table(
+        ["stage", "method"] + [header(n) for n in SHOWN],
+        [[r["stage"], r["method"] or "-"] + [format_value(n, r[n]) for n in SHOWN] for r in rows])
+        + "<p>From view <code>gpu_stage_energy</code>: the GPUs' energy in each measured window "
+          "(the board's energy counter, else power integrated over the samples) over the output "
+          "tokens that arrived in it.</p>")
+
+
 def comparison_html(comparison) -> str:
     labels = [g.label for g in comparison.groups]
     flags = {g.label: g.flags for g in comparison.groups}

@@ -12,6 +12,8 @@ from rich.table import Table
 
 from .catalogue import FLAG_MEANING, METRICS, comparison_cell, format_value, level_text
 from .db import fetch_dicts
+from .energy import energy_rows, energy_table
+from .phase_means import phase_mean_lines
 from .exact import with_exact_itl
 from .terminal import Col, column_widths, fits, fitted_table, min_width, print_table
 
@@ -156,6 +158,11 @@ def print_summary(con: duckdb.DuckDBPyConnection, run_id: str, console: Console 
     server = server_table(server_rows(con, run_id), console, wide)
     if server is not None:
         print_table(console, server, wide)
+    energy = energy_table(energy_rows(con, run_id), console, wide)
+    if energy is not None:
+        print_table(console, energy, wide)
+    for line in phase_mean_lines(con, run_id):
+        console.print(line)
 
 
 def _comparison_cells(result, stage, groups) -> list[list[str]]:

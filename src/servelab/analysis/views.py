@@ -18,12 +18,24 @@ import duckdb
 
 from servelab.core.errors import ServelabError
 from servelab.core.paths import analysis_dir
+from servelab.specs.server_kinds import KINDS
 
 VIEW_FILE = re.compile(r"^\d+_[a-z0-9_]+\.sql$")
 CREATED = re.compile(r"CREATE\s+OR\s+REPLACE\s+(VIEW|MACRO)\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 SCHEMA_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\n\);", re.DOTALL)
 SCHEMA_COLUMN = re.compile(r"^ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) [^;]+;", re.MULTILINE)
 STAMP = re.compile(r"\[servelab (\S+) sha256:([0-9a-f]+)\]\s*$")
+# Where a view file takes the server kinds' metric names (each kind's package owns its own).
+KIND_ROWS = re.compile(r"^ *-- server kinds' rows:.*$", re.MULTILINE)
+
+
+def _with_kind_rows(sql: str) -> str:
+    """The file with every server kind's (kind, canonical, exposed) rows written in, so the
+    installed view is plain SQL and a new kind's package is all it takes."""
+    rows = ",\n".join(f"    ('{kind.name}', '{canonical}', '{exposed}')"
+                      for kind in KINDS.values()
+                      for canonical, exposed in kind.view_metrics.items())
+    return KIND_ROWS.sub(lambda _: rows, sql)
 
 
 @dataclass(frozen=True)
@@ -67,7 +79,7 @@ def view_files(folder: Path | None = None) -> list[ViewFile]:
     for path in sorted(folder.glob("*.sql")):
         if not VIEW_FILE.match(path.name):
             continue
-        sql = path.read_text(encoding="utf-8")
+        sql = _with_kind_rows(path.read_text(encoding="utf-8"))
         created = CREATED.findall(sql)
         definition = _definition(sql)
         if not created:
@@ -119,11 +131,11 @@ def has_schema(con: duckdb.DuckDBPyConnection) -> bool:
 def _add_missing_tables(con: duckdb.DuckDBPyConnection, temporary: bool) -> None:
     """Tables that schema.sql gained after this file was created (e.g. ``fidelity``), so the views
     over them can be installed. A read-only reader gets empty TEMP tables instead."""
-    from servelab.store.db import SCHEMA_PATH
+    from servelab.store.db import schema_sql
 
     present = {r[0] for r in con.execute(
         "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
-    for match in SCHEMA_TABLE.finditer(SCHEMA_PATH.read_text(encoding="utf-8")):
+    for match in SCHEMA_TABLE.finditer(schema_sql()):
         if match.group(1) not in present:
             ddl = match.group(0)
             if temporary:

@@ -19,7 +19,8 @@ DEFAULT_FAIL_ON = ("rows_lost", "no_requests")
 TIMEOUTS = ("connect", "first_token", "between_chunks", "total")
 # RunOptions fields that are the flag's value as argparse gives it.
 PLAIN = ("profile", "target", "variant", "hardware", "faults", "workers", "db", "seed", "run_id",
-         "spool_dir", "late_ms", "quiet", "log", "api_key")
+         "spool_dir", "late_ms", "quiet", "log", "api_key", "otlp_port",
+         "gpu_telemetry")
 
 
 def register(sub) -> None:
@@ -55,6 +56,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", metavar="FILE", help="with --target and --variant: the server's "
                    "log, which verify reads with its /metrics after the run")
     p.add_argument("--hardware", help="with no --target: the simulator's GPU (servers/hardware)")
+    p.add_argument("--gpu-telemetry", metavar="MODE", help="GPU samples into gpu_metrics: auto "
+                   "(NVML when --target is on this host; the default), nvml, off, or dcgm=URL "
+                   "of a DCGM exporter's /metrics")
     p.add_argument("--faults", help="with no --target: the simulator's fault injection spec")
     p.add_argument("--api-key", metavar="KEY", help="sent as 'Authorization: Bearer KEY' to the "
                    "target (default: $OPENAI_API_KEY, which keeps the key out of `ps`); never "
@@ -66,6 +70,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    "'auto' (from this host's cores and the plan's peak users; 0: one "
                    "local process, the default)")
     p.add_argument("--db", help="DuckDB file (default: $SERVELAB_DB or results/servelab.duckdb)")
+    p.add_argument("--otlp-port", type=int, help="receive the server's OTLP spans on "
+                   "127.0.0.1:PORT (default: a free port; fix it to start a --target server "
+                   "first with --otlp-traces-endpoint http://127.0.0.1:PORT/v1/traces)")
     p.add_argument("--tag", action="append", default=[], metavar="K=V",
                    help="label recorded with the run (repeatable)")
     p.add_argument("--seed", type=int, help="override the profile's seed")

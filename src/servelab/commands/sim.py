@@ -53,6 +53,11 @@ def register(sub) -> None:
                    "sub-millisecond delivery for a little CPU (0: plain timers, ~1 ms jitter)")
     p.add_argument("--log-stats-interval", type=float, default=5.0, metavar="S",
                    help="seconds between vLLM-style engine stats lines (0: off)")
+    p.add_argument("--enable-logging-iteration-details", action="store_true",
+                   help="as vLLM: one 'Iteration(N): ...' line per engine step in the log")
+    p.add_argument("--vllm-version", metavar="X.Y.Z",
+                   help="the vLLM release whose start-up lines and /metrics names the simulator "
+                   "imitates (default: the newest read, see specs/server_kinds/vllm/versions.py)")
     p.set_defaults(func=run, accepts_extra=True)
 
 
@@ -71,7 +76,9 @@ def run(args) -> int:
         host=args.host, port=args.port, seed=args.seed, faults=args.faults,
         output_divergence=args.output_divergence, timer_guard_ms=args.timer_guard_ms,
         log_stats_interval=args.log_stats_interval, ready_file=args.ready_file,
-        api_keys=tuple(args.api_key)))
+        api_keys=tuple(args.api_key),
+        iteration_details=args.enable_logging_iteration_details,
+        vllm_version=args.vllm_version))
 
 
 def main(argv: list[str] | None = None) -> int:

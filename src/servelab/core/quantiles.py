@@ -4,12 +4,22 @@ computed in Python equals the one the SQL views give for the same samples."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+
+
+def quantiles_cont(values: Iterable[float | None], qs: Sequence[float]) -> list[float]:
+    """``quantile_cont`` at each q of ``qs``, sorting once (the live window asks for p50 and p99
+    of the same samples every second)."""
+    s = sorted(v for v in values if v is not None and v == v)
+    return [_at(s, q) for q in qs]
 
 
 def quantile_cont(values: Iterable[float | None], q: float) -> float:
     """q in 0..1; None and NaN are skipped, +inf allowed; NaN when nothing is left."""
-    s = sorted(v for v in values if v is not None and v == v)
+    return quantiles_cont(values, (q,))[0]
+
+
+def _at(s: list[float], q: float) -> float:
     if not s:
         return math.nan
     h = (len(s) - 1) * q

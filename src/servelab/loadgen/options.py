@@ -65,6 +65,10 @@ def add_arguments(parser) -> None:
                    help="headless: serve servelab's JSON API on 127.0.0.1:PORT (0: an ephemeral "
                    "port for servelab's own readers, the run's token on every route; with the web "
                    "UI it is on the UI's port under /servelab/api)")
+    g.add_argument("--otlp-port", type=int, default=int(os.environ.get("SERVELAB_OTLP_PORT", -1)),
+                   include_in_web_ui=False, help="receive the server's OTLP trace spans "
+                   "(POST /v1/traces) on 127.0.0.1:PORT into server_spans (0: a free port; "
+                   "-1: none)")
     g.add_argument("--tag", default="", help="k=v[,k=v...] labels recorded with the run")
     g.add_argument("--seed", type=int, default=-1, help="override the profile's seed (-1: keep)")
     g.add_argument("--timeout-connect", type=float, default=REQUEST.connect,

@@ -26,8 +26,8 @@ import numpy as np
 from servelab.core.errors import ServelabError
 from servelab.orchestration.calibrate_probes import Measured, ProbeClient, probe_set
 from servelab.sim.engine.cost_model import priced
-from servelab.sim.engine.costs import (CALIBRATION_FORMAT, CostParams, applies_to,
-                                       calibration_dir)
+from servelab.specs.cost_calibration import (CALIBRATION_FORMAT, MECHANISMS, CostParams,
+                                             applies_to, calibration_dir)
 
 # What the probes can separate; the rest keep their defaults (docs/simulator.md says why).
 FITTED = ("eta_bw", "eta_compute", "eta_attn", "t_cpu_s", "t_seq_s")
@@ -253,6 +253,8 @@ def calibrate(variant, hardware: str, target: str, out: Path | None = None,
         "model": config.model.hf_id, "applies_to": applies_to(config), "source": "probes",
         "params": {k: float(f"{v:.6g}") for k, v in theta.items()},
         "fitted": list(FITTED),
+        # what each coefficient prices (specs.cost_calibration.MECHANISMS)
+        "mechanisms": {k: MECHANISMS[k] for k in theta},
         "fit": {"probes": len(on_time), "totals": len(errs), "rms_error": round(math.sqrt(
             sum(e * e for e in errs) / len(errs)), 4), "max_abs_error": round(max(errs), 4),
             "late_not_fitted": late},

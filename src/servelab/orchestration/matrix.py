@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servelab.core import credentials
+from servelab.core import credentials, procs
 from servelab.core.errors import ServelabError
 from servelab.core.timeouts import SERVER_STARTUP_S
 from servelab.orchestration import backends, fidelity
@@ -73,7 +73,8 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def _run_profile(entry: Entry, url: str, opt: MatrixOptions, matrix_id: str) -> str:
+def _run_profile(entry: Entry, url: str, opt: MatrixOptions, matrix_id: str,
+                 otlp_port: int | None = None) -> str:
     """The runner against the server, under a run id the matrix chooses; the ``--run-arg``
     fields come last, as the extra flags came last on ``servelab run``'s command line."""
     from servelab.orchestration.runner import RunOptions, run_profile
@@ -83,6 +84,8 @@ def _run_profile(entry: Entry, url: str, opt: MatrixOptions, matrix_id: str) -> 
               "db": opt.db, "quiet": True, "run_id": run_id, "seed": opt.seed,
               "hardware": opt.hardware if opt.backend == "sim" else None,
               **opt.run_fields,
+              # the receiver's port the server was started with (backends.start_server)
+              **({"otlp_port": otlp_port} if otlp_port else {}),
               "tags": {"matrix": matrix_id, "repeat": entry.repeat, "backend": opt.backend,
                        **opt.run_fields.get("tags", {})}}
     try:
@@ -101,8 +104,11 @@ def _measure(entry: Entry, opt: MatrixOptions, matrix_id: str, report, prompts,
              outputs: dict) -> None:
     variant = entry.variant
     suffix = f"-r{entry.repeat}" if opt.repeat > 1 else ""
+    # the run's span receiver, fixed before the server starts: the server needs its address
+    otlp_port = procs.free_port() if opt.backend in ("sim", "local", "compose") else None
     server = backends.start_server(opt.backend, variant, opt.logs, hardware=opt.hardware,
-                                   url=opt.url, seed=opt.seed or 0, suffix=suffix)
+                                   url=opt.url, seed=opt.seed or 0, suffix=suffix,
+                                   otlp_port=otlp_port)
     try:
         backends.wait_healthy(server, opt.startup_timeout_s)
         server.refresh_log()
@@ -112,7 +118,7 @@ def _measure(entry: Entry, opt: MatrixOptions, matrix_id: str, report, prompts,
         _say(entry.verdict.summary())
         entry.prefix_cache_reset = backends.reset_prefix_cache(
             server.url, path=server.variant.kind.reset_prefix_cache_path)
-        entry.run_id = _run_profile(entry, server.url, opt, matrix_id)
+        entry.run_id = _run_profile(entry, server.url, opt, matrix_id, otlp_port)
         if prompts is not None and entry.repeat == 1:
             _say(f"{variant.name}: greedy outputs for {len(prompts)} fidelity prompts")
             outputs[variant.name] = fidelity.collect(server.url, prompts)
@@ -121,6 +127,12 @@ def _measure(entry: Entry, opt: MatrixOptions, matrix_id: str, report, prompts,
     extra = {"preflight": entry.preflight, "prefix_cache_reset": entry.prefix_cache_reset,
              "backend": opt.backend, "log": entry.log}
     vf.record(opt.db, entry.run_id, entry.verdict, extra)
+    if server.log_path is not None:   # the engine's iteration lines, once the log is complete
+        from servelab.core.paths import default_db
+        from servelab.orchestration.server_telemetry import ingest_after_run
+
+        ingest_after_run(Path(opt.db) if opt.db else default_db(), entry.run_id, server.log_path,
+                         None)
     entry.status = "measured"
 
 

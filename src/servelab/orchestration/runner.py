@@ -18,6 +18,7 @@ from pathlib import Path
 from servelab.core import credentials, timeouts
 from servelab.core.errors import ServelabError
 from servelab.core.procs import Child, free_port, log_tail, spawn
+from servelab.orchestration import server_telemetry
 from servelab.store.spool import check_id
 
 
@@ -43,6 +44,8 @@ class RunOptions:
     api_key: str | None = None       # None: $OPENAI_API_KEY (core.credentials); never recorded
     headers: list = field(default_factory=list)   # "Name: value" items; empty: $SERVELAB_HEADERS
     log: str | Path | None = None    # with a target: the server's log, read by verify
+    gpu_telemetry: str | None = None  # auto | nvml | dcgm=URL | off (orchestration.gpu_telemetry)
+    otlp_port: int | None = None     # the master's OTLP span receiver; None or 0: a free port
 
 
 @dataclass
@@ -121,16 +124,23 @@ def run_profile(opt: RunOptions) -> RunResult:
     logs = db.parent / "logs" / run_id
     logs.mkdir(parents=True, exist_ok=True)
     status_file = logs / "status.json"
-    sim = None
+    sim = telemetry = None
+    # One port, fixed before either side starts: the server must be told where to send spans
+    # before the master (which listens there) exists.
+    opt = replace(opt, otlp_port=opt.otlp_port or free_port())
     with _StopSignals() as signals:
         try:
             if opt.target:
                 target = opt.target.rstrip("/")
                 check_target(target)
                 hardware = opt.hardware
+                print(f"servelab: the server's own per-request spans (request_phases) come "
+                      f"when it runs with {otlp_server_flags(opt.otlp_port)}", flush=True)
             else:
                 sim, target = start_simulator(opt, logs)
                 hardware = opt.hardware or "L40S"
+            telemetry = server_telemetry.start(opt.gpu_telemetry, opt.target, sim is not None,
+                                               logs)
             cmd = locust_command(opt, locustfile, target, hardware, db, run_id, status_file)
             code, interrupted = _supervise_locust(cmd, opt.workers, logs, status_file,
                                                   opt.quiet, profile, signals)
@@ -138,6 +148,11 @@ def run_profile(opt: RunOptions) -> RunResult:
             signals.raise_now = False
             if sim is not None:
                 sim.stop()
+            if telemetry is not None:
+                telemetry.stop()
+        # after the master let go of the file: the iterations of the server's log, GPU samples
+        server_telemetry.ingest_after_run(db, run_id, opt.log if opt.target else logs / "sim.log",
+                                          telemetry)
         status, error_rate, flags = _report(db, run_id, status_file, logs, code)
         interrupted = interrupted or signals.received > 0
     if variant is not None and opt.target:
@@ -199,10 +214,24 @@ def check_target(target: str) -> None:
                         "use the simulator")
 
 
+def otlp_endpoint(port: int) -> str:
+    return f"http://127.0.0.1:{port}/v1/traces"
+
+
+def otlp_server_flags(port: int) -> str:
+    """What a vLLM server needs to send its spans to the master's receiver on ``port``."""
+    return (f"--otlp-traces-endpoint {otlp_endpoint(port)} and the environment "
+            f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf (OTEL_BSP_SCHEDULE_DELAY=500 "
+            f"sends them every 0.5 s; servelab run --otlp-port {port} keeps this port)")
+
+
 def start_simulator(opt: RunOptions, logs: Path) -> tuple[Child, str]:
-    """``servelab sim`` on a free port; returns the child and its base URL."""
+    """``servelab sim`` on a free port, sending its spans to the run's receiver; returns the
+    child and its base URL."""
     cmd = [sys.executable, "-m", "servelab.commands.sim", "--port", "0",
-           "--ready-file", str(logs / "sim.ready")]
+           "--ready-file", str(logs / "sim.ready"), "--enable-logging-iteration-details"]
+    if opt.otlp_port:
+        cmd += ["--otlp-traces-endpoint", otlp_endpoint(opt.otlp_port)]
     for flag, value in (("--variant", opt.variant), ("--hardware", opt.hardware),
                         ("--faults", opt.faults)):
         if value:
@@ -211,7 +240,8 @@ def start_simulator(opt: RunOptions, logs: Path) -> tuple[Child, str]:
         cmd += ["--seed", str(opt.seed)]
     # The simulator asks for the run's key as vLLM would (VLLM_API_KEY, never its command line);
     # without one it asks for none, whatever this shell's VLLM_API_KEY says.
-    env = dict(os.environ, VLLM_API_KEY=credentials.current().api_key or "")
+    env = dict(os.environ, VLLM_API_KEY=credentials.current().api_key or "",
+               OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf")
     sim = spawn("the simulator", cmd, logs / "sim.log", env=env, ready_file=logs / "sim.ready",
                 parent_death_signal=signal.SIGTERM)
     return sim, sim.wait_ready(timeouts.SIM_READY_S).rstrip("/")
@@ -239,6 +269,8 @@ def locust_command(opt: RunOptions, locustfile: Path, target: str, hardware: str
         cmd += ["--variant", opt.variant]
     if hardware:
         cmd += ["--hardware", hardware]
+    if opt.otlp_port:
+        cmd += ["--otlp-port", str(opt.otlp_port)]
     return cmd
 
 
@@ -322,6 +354,13 @@ def _report(db: Path, run_id: str, status_file: Path, logs: Path,
             print_summary(con, run_id, console)
         except duckdb.Error as exc:  # the rows are stored; `servelab summary` can try again
             console.print(f"[yellow]the summary failed ({exc})[/]")
+        try:
+            from servelab.analysis.phases import phase_lines
+
+            for line in phase_lines(con, run_id):
+                console.print(line)
+        except duckdb.Error as exc:   # a file from before the phase views: no phases to show
+            console.print(f"[yellow]the server phases could not be read ({exc})[/]")
         for s in saturation(con, run_id):
             seen = (f"worker {s.worker} in stage {s.stage}: loop-lag p99 "
                     f"{s.loop_lag_p99_ms:.1f} ms, its CPU {s.cpu_percent:.0f}%")

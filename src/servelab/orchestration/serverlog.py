@@ -1,7 +1,7 @@
 """What a server really runs, read from its start-up log and its Prometheus ``/metrics``.
 
 The grammar belongs to the server's kind (``specs.server_kinds``: vLLM's kernel lines, engine
-config and metric names live in ``server_kinds/vllm_log.py``); this is where orchestration and the
+config and metric names live in ``server_kinds/vllm/log.py``); this is where orchestration and the
 tests ask for it, naming the kind (``vllm`` unless told). ``split_compose_log`` takes apart what
 ``docker compose logs`` writes for several services at once, so one saved file can hold every
 instance of a variant (a PD variant's prefill and decode roles).

@@ -43,12 +43,39 @@ def verify(variant: Variant, log_path: str | Path | None = None, url: str | None
             sources.append(url.rstrip("/") + "/metrics")
         else:
             missing = metrics_missing(url, outcome, detail)
+    families = None
     if metrics is not None:
         parse_metrics(metrics, facts, variant.server)
-    verdict = judge(variant, facts, gpus, expected_kv_tokens, sources)
+        families = metric_families(metrics)
+    if url is not None and facts.vllm_version is None and variant.server == "vllm":
+        facts.vllm_version = read_version(url)
+    verdict = judge(variant, facts, gpus, expected_kv_tokens, sources, families)
     if missing is not None:   # what the server answered instead, named
         verdict.checks.insert(0, Check("metrics", UNKNOWN, f"{missing}; judged without it"))
     return verdict
+
+
+def metric_families(text: str) -> set[str]:
+    """The family names a /metrics page exposes (read_metrics hands over parsable pages only)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {family.name for family in text_string_to_metric_families(text)}
+
+
+def read_version(url: str) -> str | None:
+    """What ``GET /version`` says (vLLM: ``{"version": "0.26.0"}``), or None when it says
+    nothing usable; the log's banner and engine line are read first, this is the fallback."""
+    from servelab.core import bounded_http, credentials
+    from servelab.core.timeouts import HTTP_PROBE_S
+
+    try:
+        answer = bounded_http.fetch(url, "/version", deadline_s=HTTP_PROBE_S,
+                                    headers=credentials.headers())
+        body = bounded_http.json_of(answer)[0]
+    except ValueError:
+        return None
+    version = body.get("version") if isinstance(body, dict) else None
+    return version if isinstance(version, str) else None
 
 
 def record(db_path: str | Path, run_id: str, verdict: Verdict, extra: dict | None = None) -> None:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from servelab.orchestration.gpus import Gpu
 from servelab.orchestration.serverlog import ServerFacts
+from servelab.specs.server_kinds.vllm import versions as vllm_versions
 from servelab.specs.variants import Variant
 
 OK, WARN, FAIL, UNKNOWN = "ok", "warn", "fail", "unknown"
@@ -174,14 +175,53 @@ def _model(v: Variant, f: ServerFacts) -> Check:
     return Check("model", FAIL, f"serves {got}, variant says {v.model}{hint}")
 
 
+def _version(v: Variant, f: ServerFacts, gpus: list[Gpu] | None,
+             families: set[str] | None) -> Check:
+    """Which vLLM release range the server is in (``vllm_versions``), judged by that range's
+    metric names and defaults: a family the release does not define means another version (or a
+    fork) than the server says; a warning, never a mismatch, as the claims are about the model."""
+    if f.vllm_version is None:
+        return Check("version", UNKNOWN, "no version in the log's banner or engine line, and no "
+                     "/version answer: judged by vLLM " + vllm_versions.CURRENT + "'s grammar")
+    row = vllm_versions.release(f.vllm_version)
+    text = (f"vLLM {f.vllm_version} (range {vllm_versions.range_text(row)}, torch "
+            f"{row.torch or '?'})")
+    if not vllm_versions.is_known(f.vllm_version):
+        return Check("version", WARN, f"{text}: newer than the newest release read "
+                     f"({vllm_versions.CURRENT}); judged by its grammar")
+    problems = []
+    defined = vllm_versions.metric_names(f.vllm_version)
+    if families and defined:
+        exposed = {vllm_versions.exposed_family(n, e["type"]) for n, e in defined.items()}
+        alien = sorted(n for n in families if n.startswith("vllm:") and n not in exposed
+                       and not n.endswith("_created"))
+        if alien:
+            problems.append(f"/metrics has {len(alien)} famil{'y' if len(alien) == 1 else 'ies'} "
+                            f"{row.label} does not define ({', '.join(alien[:3])}): another "
+                            "version or a fork?")
+    set_by_variant = any(a.split("=", 1)[0] == "--max-num-batched-tokens" for a in v.serve_args)
+    one_kind = bool(gpus) and len({g.name for g in gpus}) == 1
+    if f.max_num_batched_tokens and one_kind and not set_by_variant:
+        want = row.batched_tokens_default(gpus[0].memory_total_mib / 1024, gpus[0].name)
+        if f.max_num_batched_tokens != want:
+            problems.append(f"max_num_batched_tokens={f.max_num_batched_tokens}, but {row.label}'s "
+                            f"default on a {gpus[0].name} is {want}")
+    if problems:
+        return Check("version", WARN, f"{text}; " + "; ".join(problems))
+    return Check("version", OK, text)
+
+
 def judge(variant: Variant, facts: ServerFacts, gpus: list[Gpu] | None = None,
-          expected_kv_tokens: int | None = None, sources: list[str] | None = None) -> Verdict:
+          expected_kv_tokens: int | None = None, sources: list[str] | None = None,
+          families: set[str] | None = None) -> Verdict:
     checks = []
     if facts.errors:
         checks.append(Check("startup", FAIL, facts.errors[0]))
     checks += [_model(variant, facts), _precision(variant, facts, gpus),
                _speculative(variant, facts), _parallel(variant, facts),
                _kv_cache(facts, expected_kv_tokens)]
+    if variant.server == "vllm":
+        checks.append(_version(variant, facts, gpus, families))
     if facts.runtime_errors:
         checks.append(Check("runtime", WARN, f"the server logged, while serving: "
                             f"{facts.runtime_errors[0]}"))

@@ -14,8 +14,6 @@ from __future__ import annotations
 import math
 import os
 
-from servelab.profiles.dists import upper_bound
-
 USERS_PER_PROCESS = 384
 # open loop: requests in flight ~ rate x E2E; the E2E of a token is a guess without a server
 # (a 30 ms ITL is slow for a served model; the plan's max_in_flight, where set, decides instead)
@@ -55,7 +53,7 @@ def _tokens(cls) -> float:
     dist = cls.output_tokens
     if dist is None:
         return 256
-    bound = upper_bound(dist)
+    bound = dist.upper_bound()
     return bound if math.isfinite(bound) else 4096
 
 

@@ -1,4 +1,4 @@
-"""The shipped English text that prompts are cut from.
+"""The shipped English text: prompts are cut from it, and the simulator's outputs continue it.
 
 - ``kjv``: King James Version excerpts (``data/kjv_excerpts.txt``, public domain).
 - ``modern``: servelab's own modern prose (``data/modern_prose.txt``): technical explanations,
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from servelab.core.paths import DATA_DIR
 
 SLOT_CHARS = 1500
+SHIPPED_FILES = ("kjv_excerpts.txt", "modern_prose.txt")
 SOURCES = {"kjv": "kjv_excerpts.txt", "modern": "modern_prose.txt", "code": "modern_prose.txt"}
 _HEADER = re.compile(r"^### (\w+): (.+)$", re.MULTILINE)
 _WORD_START = re.compile(r"(?<=\s)\S")
@@ -51,7 +52,7 @@ def sections(text: str) -> list[tuple[str, str, str]]:
 def load_corpus(name: str) -> Corpus:
     if name not in SOURCES:
         raise ValueError(f"unknown text source {name!r} (known: {', '.join(SOURCES)})")
-    raw = (DATA_DIR / SOURCES[name]).read_text(encoding="utf-8")
+    raw = _read(SOURCES[name])
     if name == "kjv":
         text = raw.strip()
     else:
@@ -60,6 +61,15 @@ def load_corpus(name: str) -> Corpus:
             raise ValueError(f"{SOURCES[name]} has no sections for the {name!r} text source")
         text = "\n\n".join(f"{title}\n\n{body}" for _, title, body in parts)
     return Corpus(name, text, word_slots(text, SLOT_CHARS))
+
+
+def shipped_texts() -> list[str]:
+    """Each shipped file's text as it is, headers included (the simulator's output corpus)."""
+    return [_read(name) for name in SHIPPED_FILES if (DATA_DIR / name).exists()]
+
+
+def _read(name: str) -> str:
+    return (DATA_DIR / name).read_text(encoding="utf-8")
 
 
 def word_slots(text: str, every: int) -> tuple[int, ...]:

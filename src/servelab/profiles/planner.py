@@ -25,8 +25,7 @@ from typing import Iterator
 
 import numpy as np
 
-from servelab.profiles.distributions import make_sampler
-from servelab.profiles.schema import Profile, upper_bound
+from servelab.profiles.schema import Profile
 
 BLOCK = 256
 _ITEMS, _ARRIVALS = 0, 1   # first spawn-key word: which stream
@@ -72,13 +71,13 @@ class _ClassDraw:
         self.name = spec.name
         self.prefix_tokens = spec.prefix_tokens
         self.groups = spec.groups
-        self.prompt = None if trace else make_sampler(spec.prompt_tokens)
-        self.output = None if trace else make_sampler(spec.output_tokens)
+        self.prompt = None if trace else spec.prompt_tokens.sampler()
+        self.output = None if trace else spec.output_tokens.sampler()
         self.session = spec.session is not None
         if self.session:
-            self.max_turns = int(upper_bound(spec.session.turns))
-            self.turns = make_sampler(spec.session.turns)
-            self.think = make_sampler(spec.session.think_time, integer=False)
+            self.max_turns = int(spec.session.turns.upper_bound())
+            self.turns = spec.session.turns.sampler()
+            self.think = spec.session.think_time.sampler()
         else:
             self.max_turns = 1
 

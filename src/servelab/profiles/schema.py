@@ -12,9 +12,9 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
-from servelab.profiles.dists import (MAX_TURNS, Duration, PositiveDuration, SecondsDist, Strict,
-                                     TokenDist, TurnDist, Weight, _base_dir, problem,
-                                     upper_bound)
+from servelab.profiles.dists import MAX_TURNS, SecondsDist, TokenDist, TurnDist
+from servelab.profiles.fields import (Duration, PositiveDuration, Strict, Weight, problem,
+                                      profile_folder)
 from servelab.profiles.limits import (MAX_BURSTINESS, MAX_CLASSES, MAX_DURATION_S,
                                       MAX_PLANNED_REQUESTS, MAX_PREFIX_GROUPS, MAX_SEED,
                                       MAX_STAGES, MAX_TIME_SCALE, MAX_TOKENS, MAX_TURN_SLOTS,
@@ -22,8 +22,8 @@ from servelab.profiles.limits import (MAX_BURSTINESS, MAX_CLASSES, MAX_DURATION_
 
 NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$"
 TEXT_SOURCES = ("modern", "kjv", "code")
-# Defined in dists and used from here by the planner and the tests.
-__all__ = ["MAX_TURNS", "SecondsDist", "TokenDist", "TurnDist", "problem", "upper_bound"]
+# Defined in dists and used from here by the tests.
+__all__ = ["MAX_TURNS", "SecondsDist", "TokenDist", "TurnDist", "problem"]
 
 
 class Slo(Strict):
@@ -48,7 +48,7 @@ class Session(Strict):
 
     @model_validator(mode="after")
     def _bounded(self):
-        if upper_bound(self.turns) == math.inf:
+        if self.turns.upper_bound() == math.inf:
             raise problem("turns", "an unbounded distribution",
                           f"a distribution with max (at most {MAX_TURNS} turns)")
         return self
@@ -146,7 +146,7 @@ class TracePlan(Strict):
     def _read(self, info: ValidationInfo):
         from servelab.profiles.trace import read_trace, select_rows
 
-        path = _base_dir(info) / self.file
+        path = profile_folder(info) / self.file
         try:
             rows = read_trace(path, self.format)
         except (OSError, ValueError) as exc:   # TraceFormatError, a file not UTF-8
@@ -227,12 +227,12 @@ class Profile(Strict):
 
     @model_validator(mode="after")
     def _files(self, info: ValidationInfo):
-        slots = sum(int(upper_bound(c.session.turns)) for c in self.classes if c.session)
+        slots = sum(int(c.session.turns.upper_bound()) for c in self.classes if c.session)
         if slots > MAX_TURN_SLOTS:
             raise problem("classes", f"sessions with {slots:,} turns in all (the max turns of "
                           "every class with a session, summed)", f"at most {MAX_TURN_SLOTS:,}: "
                           "fewer classes with sessions or lower max turns")
-        self._base_dir = _base_dir(info)
+        self._base_dir = profile_folder(info)
         if self.tokenizer is not None and not (self._base_dir / self.tokenizer).is_file():
             raise problem("tokenizer", f"{self.tokenizer!r} (no such file)",
                           "a path to a tokenizer.json, relative to the profile's folder")

@@ -12,7 +12,7 @@ import textwrap
 
 import numpy as np
 
-from servelab.profiles.distributions import describe
+from servelab.core.quantiles import quantiles_cont
 from servelab.profiles.durations import format_duration
 from servelab.profiles.planner import RequestPlanner
 from servelab.profiles.schema import Profile
@@ -33,7 +33,8 @@ def table(headers: list[str], rows: list[list]) -> str:
 def _stats(values: np.ndarray) -> str:
     if values.size == 0:
         return "-"
-    mean, p50, p99 = values.mean(), np.percentile(values, 50), np.percentile(values, 99)
+    mean = values.mean()
+    p50, p99 = quantiles_cont(values.tolist(), (0.5, 0.99))
     return f"{mean:.0f} / {p50:.0f} / {p99:.0f}"
 
 
@@ -83,8 +84,8 @@ def summarize(profile: Profile, seed: int | None = None, samples: int = SAMPLES)
         if kind == "trace":
             details.append(f"  {spec.name}: lengths from the trace; text {spec.text}")
         else:
-            details.append(f"  {spec.name}: prompt {describe(spec.prompt_tokens, 'tokens')}; "
-                           f"output {describe(spec.output_tokens, 'tokens')}; text {spec.text}")
+            details.append(f"  {spec.name}: prompt {spec.prompt_tokens.describe('tokens')}; "
+                           f"output {spec.output_tokens.describe('tokens')}; text {spec.text}")
         if mine:
             latency += share * (ASSUMED_BASE_S + ASSUMED_PER_OUTPUT_S * output.mean()
                                 + ASSUMED_PER_PROMPT_S * prompt.mean()

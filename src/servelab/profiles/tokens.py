@@ -4,8 +4,8 @@
 1. ``server``: the target's vLLM ``POST /tokenize`` and ``/detokenize`` (exact for that model,
    chat template included); costs a round trip per new text, so results are cached.
 2. ``tokenizer``: a local ``tokenizer.json`` (Hugging Face ``tokenizers``); chat prompts are
-   counted with the ChatML template (``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message,
-   then ``<|im_start|>assistant\\n``), the template of Qwen2.5 and of servelab's simulator.
+   counted with the ChatML template (``core.chatml``), the template of Qwen2.5 and of servelab's
+   simulator.
 3. ``estimate``: ``ceil(characters / CHARS_PER_TOKEN)`` with CHARS_PER_TOKEN = 4.0, plus
    CHAT_MESSAGE_TOKENS per chat message and CHAT_REPLY_TOKENS for the assistant prefix.
 
@@ -26,6 +26,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from servelab.core import bounded_http, credentials
+from servelab.core.chatml import render_chat
 
 CHARS_PER_TOKEN = 4.0
 CHAT_MESSAGE_TOKENS = 4     # <|im_start|> role \n ... <|im_end|> \n
@@ -77,11 +78,6 @@ def _shape(url: str, path: str, obj, key: str, kind) -> object:
         raise _failed(url + path, path, "wrong_shape",
                       f"{got}; no {kind.__name__} '{key}' in it")
     return value
-
-
-def render_chatml(messages: list[dict]) -> str:
-    out = [f"<|im_start|>{m['role']}\n{m.get('content') or ''}<|im_end|>\n" for m in messages]
-    return "".join(out) + "<|im_start|>assistant\n"
 
 
 def fit_prefix(text: str, n: int, count) -> tuple[str, int]:
@@ -147,7 +143,7 @@ class TokenizerCounter:
         return len(self._tok.encode(text, add_special_tokens=True).ids)
 
     def count_chat(self, messages: list[dict]) -> int:
-        return self.count_plain(render_chatml(messages))
+        return self.count_plain(render_chat(messages))
 
     def _encoded(self, corpus, start: int, n: int) -> tuple[str, list[int], list[int]]:
         """The corpus, wrapped round as far as needed, with every token's character span.

@@ -5,7 +5,7 @@ the quantization kernel path (native FP8 W8A8, FP8 weight-only Marlin below cc 8
 for GPTQ/AWQ checkpoints, the slow kernels when ``--quantization awq|gptq`` is forced) and reads
 ``--speculative-config``. It records vLLM's log lines for those decisions in ``log_lines``.
 Preflight, verify, predict and the simulator read it; the simulator's own cost coefficients live
-in ``sim.engine.costs``.
+in ``specs.cost_calibration`` (chosen by ``sim.engine.costs.resolve_cost``).
 """
 from __future__ import annotations
 

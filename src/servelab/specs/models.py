@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from servelab.core.errors import ServelabError
@@ -177,3 +178,34 @@ def model_from_config(hf_id: str, cfg: dict, path: Path | str = "config.json") -
         quantization_config=cfg.get("quantization_config"),
         qkv_bias=qkv_bias,
     )
+
+
+# The fields of config.json that fix a model's cost and memory (not its name or paths).
+_SHAPE_KEYS = ("architectures", "model_type", "hidden_size", "intermediate_size",
+               "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+               "vocab_size", "tie_word_embeddings", "torch_dtype", "quantization_config")
+
+
+def _shape(cfg: dict) -> str:
+    return json.dumps({k: cfg.get(k) for k in _SHAPE_KEYS}, sort_keys=True)
+
+
+@lru_cache(maxsize=1)
+def _known_shapes(directory: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for path in sorted(Path(directory).glob("*/config.json")):
+        try:
+            out.setdefault(_shape(json.loads(path.read_text())), hf_id_from_dir(path.parent.name))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return out
+
+
+def canonical_id(model: ModelSpec) -> str:
+    """The HF id a model is known by: its own, or, for a local folder (``SERVELAB_MODEL=/folder``,
+    ``vllm serve /folder``), the id under ``servers/models/`` whose config.json has the same
+    shape, so that what is known for the id (a calibration) applies to the folder too; the
+    folder's path when no known model has its shape."""
+    if not is_model_path(model.hf_id):
+        return model.hf_id
+    return _known_shapes(str(models_dir())).get(_shape(model.config), model.hf_id)

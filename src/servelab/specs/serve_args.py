@@ -42,6 +42,9 @@ NO_EFFECT_FLAGS = {
     "--enable-force-include-usage": False, "--enable-prompt-tokens-details": False,
     "--enable-auto-tool-choice": False, "--tool-call-parser": True, "--reasoning-parser": True,
     "--generation-config": True, "--max-log-len": True,
+    "--otlp-traces-endpoint": True,   # the simulator sends its spans there (sim/server/otlp_export)
+    # `servelab sim --enable-logging-iteration-details` writes the lines (sim/server/iteration_log)
+    "--enable-logging-iteration-details": False,
 }
 DOCUMENTED_NO_EFFECT = sorted(NO_EFFECT_FLAGS)
 

@@ -21,23 +21,39 @@ import duckdb
 import orjson
 
 from servelab.core.errors import ServelabError
+from servelab.store import spans, telemetry
 from servelab.store.quarantine import check_lines
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
+# Tables whose DDL lives beside their decoder and row type, applied after schema.sql.
+MODULE_DDL = (spans.DDL, telemetry.DDL)
 TABLES = ("runs", "run_classes", "stages", "requests", "server_metrics", "client_health",
-          "run_workers", "stored_batches", "endpoint_events")
+          "run_workers", "stored_batches", "endpoint_events", "server_spans")
+
+
+def schema_sql() -> str:
+    """schema.sql and every module's DDL: all the tables servelab writes."""
+    return SCHEMA_PATH.read_text(encoding="utf-8") + "".join(MODULE_DDL)
 
 
 # The ITL sketch of a request (table itl_sketches; why and how: analysis/README.md, "Percentiles:
 # exact, except ITL"): DDSketch log buckets at relative accuracy 1%, gamma = 1.01/0.99, bucket of a
 # value v > 0 = ceil(log_gamma(v)); 0 -> -500000, v < 0 -> -1000000 - ceil(log_gamma(-v)) (ordered
 # below 0); NULL, NaN and infinite gaps have no bucket. Kept here, beside the insert it follows,
-# because the writer must not import the analysis layer; the analysis layer backfills with it.
+# because the writer must not import the analysis layer; the analysis layer backfills with it, and
+# the live window (loadgen/master/live_stats.py) buckets its gaps with these same constants.
+SKETCH_GAMMA_SQL = "1.01 / 0.99"
+SKETCH_GAMMA = 1.01 / 0.99
+SKETCH_ZERO_BIN = -500000
+SKETCH_NEGATIVE_BASE = -1000000
+
+
 def _bucket(v: str) -> str:
     return (f"CASE WHEN NOT isfinite({v}) THEN NULL "
-            f"WHEN {v} > 0 THEN CAST(ceil(ln({v}) / ln(1.01 / 0.99)) AS INTEGER) "
-            f"WHEN {v} = 0 THEN -500000 "
-            f"ELSE -1000000 - CAST(ceil(ln(-{v}) / ln(1.01 / 0.99)) AS INTEGER) END")
+            f"WHEN {v} > 0 THEN CAST(ceil(ln({v}) / ln({SKETCH_GAMMA_SQL})) AS INTEGER) "
+            f"WHEN {v} = 0 THEN {SKETCH_ZERO_BIN} "
+            f"ELSE {SKETCH_NEGATIVE_BASE} - "
+            f"CAST(ceil(ln(-{v}) / ln({SKETCH_GAMMA_SQL})) AS INTEGER) END")
 
 
 ITL_SKETCH_SELECT = f"""
@@ -127,7 +143,7 @@ def open_db(path, read_only: bool = False) -> duckdb.DuckDBPyConnection:
                 "that run to finish, or give another file with --db") from None
         raise ServelabError(f"{path}: cannot open the database: {exc}") from None
     if not read_only:
-        con.execute(SCHEMA_PATH.read_text(encoding="utf-8"))
+        con.execute(schema_sql())
     return con
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from servelab.store.spans import SpanRow   # defined beside its OTLP decoder
+
 # error_kind of an open-loop arrival that was never sent (max_in_flight held it back too long).
 DROPPED = "dropped"
 
@@ -199,4 +201,4 @@ class EndpointEvent:
 TABLE_ROWS = {"requests": RequestRow, "runs": RunRow, "run_classes": ClassRow,
               "stages": StageRow, "run_workers": WorkerAccount, "client_health": HealthRow,
               "server_metrics": MetricSample, "stored_batches": StoredBatch,
-              "endpoint_events": EndpointEvent}
+              "endpoint_events": EndpointEvent, "server_spans": SpanRow}

@@ -5,6 +5,7 @@ leave the same, consistent record.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # A worker is flagged when, in any stage, its typical second (the median of its 1-second health
@@ -64,36 +65,64 @@ class Saturation:
     involuntary_switches_per_s: float | None = None
 
 
-def _host_was_busy(s: Saturation) -> bool:
-    return any(v is not None and v >= limit for v, limit in (
-        (s.host_cpu_percent, HOST_BUSY_CPU), (s.host_runnable_per_core, HOST_BUSY_RUNNABLE),
-        (s.host_steal_percent, HOST_BUSY_STEAL),
-        (s.involuntary_switches_per_s, HOST_BUSY_SWITCHES)))
+HEALTH_COLUMNS = ("loop_lag_p99_ms", "cpu_percent", "host_cpu_percent", "host_runnable_per_core",
+                  "host_steal_percent", "involuntary_switches_per_s")
+
+
+def saturation_rule_sql(median) -> str:
+    """The rule, once, as two SQL columns (saturated, cause) of the health medians; ``median``
+    names the expression of a HEALTH_COLUMNS column's median: an aggregate over stored rows
+    here, a column of medians the live window computed over its last seconds."""
+    host_busy = " OR ".join(f"{median(c)} >= {limit!r}" for c, limit in (
+        ("host_cpu_percent", HOST_BUSY_CPU), ("host_runnable_per_core", HOST_BUSY_RUNNABLE),
+        ("host_steal_percent", HOST_BUSY_STEAL),
+        ("involuntary_switches_per_s", HOST_BUSY_SWITCHES)))
+    lag, cpu = median("loop_lag_p99_ms"), median("cpu_percent")
+    return (f"coalesce({lag} > {LOOP_LAG_LIMIT_MS!r} OR {cpu} > {CPU_LIMIT!r}, false) "
+            "AS saturated, "
+            f"CASE WHEN coalesce({cpu}, 0) < {OWN_CPU_BUSY!r} AND ({host_busy}) "
+            "THEN 'host' ELSE 'generator' END AS cause")
 
 
 def saturation(con, run_id: str) -> list[Saturation]:
     """Every (worker, stage) whose typical second was over a limit, with its cause."""
+    medians = ", ".join(f"median(h.{c}) AS {c}" for c in HEALTH_COLUMNS)
     rows = con.execute(
-        """
-        SELECT h.worker, s.stage,
-               median(h.loop_lag_p99_ms) AS lag, median(h.cpu_percent) AS cpu,
-               median(h.host_cpu_percent), median(h.host_runnable_per_core),
-               median(h.host_steal_percent), median(h.involuntary_switches_per_s)
-        FROM client_health h
-        JOIN stages s ON s.run_id = h.run_id
-             AND h.t_unix >= s.started_unix AND h.t_unix < coalesce(s.ended_unix, 'infinity')
-        WHERE h.run_id = ?
-        GROUP BY h.worker, s.stage
-        HAVING median(h.loop_lag_p99_ms) > ? OR median(h.cpu_percent) > ?
-        ORDER BY s.stage, h.worker
-        """, [run_id, LOOP_LAG_LIMIT_MS, CPU_LIMIT]).fetchall()
-    out = []
-    for worker, stage, lag, cpu, host_cpu, runnable, steal, switches in rows:
-        s = Saturation(worker, stage, lag, cpu, "generator", host_cpu, runnable, steal, switches)
-        if (cpu or 0.0) < OWN_CPU_BUSY and _host_was_busy(s):
-            s.cause = "host"
-        out.append(s)
-    return out
+        f"""
+        SELECT worker, stage, loop_lag_p99_ms, cpu_percent, cause, host_cpu_percent,
+               host_runnable_per_core, host_steal_percent, involuntary_switches_per_s
+        FROM (
+            SELECT h.worker, s.stage, {medians},
+                   {saturation_rule_sql(lambda c: f"median(h.{c})")}
+            FROM client_health h
+            JOIN stages s ON s.run_id = h.run_id
+                 AND h.t_unix >= s.started_unix AND h.t_unix < coalesce(s.ended_unix, 'infinity')
+            WHERE h.run_id = ?
+            GROUP BY h.worker, s.stage)
+        WHERE saturated
+        ORDER BY stage, worker
+        """, [run_id]).fetchall()
+    return [Saturation(*row) for row in rows]
+
+
+def judge_medians(con, medians: list[dict]) -> list[tuple[bool, str]]:
+    """``saturation_rule_sql`` on medians held in memory (each a dict over HEALTH_COLUMNS), run
+    on ``con`` (the live window's in-memory DuckDB): (saturated, cause) of each, in order.
+    Literals, not parameters: binding a parameter costs DuckDB more than planning the query."""
+    if not medians:
+        return []
+    rows = ", ".join("(" + ", ".join([str(i), *(_literal(m.get(c)) for c in HEALTH_COLUMNS)])
+                     + ")" for i, m in enumerate(medians))
+    return [tuple(r) for r in con.execute(
+        f"SELECT {saturation_rule_sql(lambda c: c)} "
+        f"FROM (VALUES {rows}) v(i, {', '.join(HEALTH_COLUMNS)}) ORDER BY i").fetchall()]
+
+
+def _literal(x) -> str:
+    if x is None:
+        return "NULL::DOUBLE"
+    x = float(x)
+    return f"{x!r}::DOUBLE" if math.isfinite(x) else f"'{x!r}'::DOUBLE"
 
 
 @dataclass

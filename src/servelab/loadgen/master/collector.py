@@ -22,7 +22,7 @@ from servelab.loadgen import messages
 from servelab.loadgen.client.clock import now_unix
 from servelab.loadgen.master.accounts import WorkerAccounts
 from servelab.loadgen.master.endpoints import EndpointLog
-from servelab.loadgen.master import live
+from servelab.loadgen.master import live, spans_intake
 from servelab.loadgen.master.run_record import RunRecord
 from servelab.loadgen.master.scraper import Scraper, server_state
 from servelab.loadgen.master.stages import StageRecords
@@ -57,6 +57,7 @@ class Collector:
         self.scraper: Scraper | None = None
         self.endpoints = EndpointLog("")   # what /metrics and /v1/models answered
         self.status_file: StatusFile | None = None
+        self.spans = spans_intake.attach(self, environment)   # finish(): waits for the last spans
         self.plan_stages: list = []     # the shape's stage plan, for the progress display
         self.worker_errors: list[str] = []
         self.flags: list[str] = []
@@ -232,8 +233,8 @@ class Collector:
             self.scraper.flush()
             writer.wait_idle(IDLE_WAIT_S)
         workers, notes, sources = self.accounts.settle(self.run_id, self.settings.spool_dir)
-        notes += writer.notes() + [f"a worker could not join the run: {err}"
-                                   for err in self.worker_errors] + self.endpoints.notes()
+        notes += writer.notes() + [f"a worker could not join the run: {err}" for err in
+                                   self.worker_errors] + self.endpoints.notes() + self.spans.finish()
         extra = {"token_count_source": ",".join(sorted(sources)) or None,
                  "metrics_scrape": self.scraper.status if self.scraper else None}
         final_row = self.record.row(status, "; ".join(notes) or None, extra)

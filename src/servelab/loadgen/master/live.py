@@ -6,23 +6,24 @@ arithmetic and its definitions are ``live_stats``'s (the SQL views' own).
 Requests count when their batch reaches the master (a worker ships every 0.25 s), so the window
 needs no clock agreement between hosts. Generator health comes from the last health row of each
 batch, judged as ``store/runs.py`` judges a stage (median loop-lag p99 and CPU over its limits),
-over the last ten seconds, so the UI shows a saturation the moment it sets in; the server's
-state comes from the master's ``/metrics`` scrape (``scraper.server_state``).
+over the last ten seconds, so the UI shows a saturation within a second of its start; the server's
+state comes from the master's ``/metrics`` scrape (``scraper.server_state``), and the engine
+queue and prefill times from the server's own spans as the master's receiver gets them
+(``spans_intake``; a span comes when its request ends, in the exporter's next batch).
 """
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 from collections import deque
 
+import duckdb
 import gevent
 import orjson
 
-from servelab.loadgen.master.live_stats import Bucket, add_samples, figures
+from servelab.loadgen.master.live_stats import Bucket, add_samples, figures, quantile
 from servelab.loadgen.master.scraper import server_figures
-from servelab.store.runs import (CPU_LIMIT, LOOP_LAG_LIMIT_MS, OWN_CPU_BUSY, Saturation,
-                                 _host_was_busy)
+from servelab.store.runs import CPU_LIMIT, HEALTH_COLUMNS, LOOP_LAG_LIMIT_MS, judge_medians
 
 LIVE_WINDOW_S = 10.0
 STEP_S = 2.0
@@ -37,6 +38,7 @@ HEADLINE = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_
 SERVER_SERIES = ("running", "waiting", "kv_cache_usage", "preemptions_per_s",
                  "prefix_cache_hit_rate", "spec_acceptance_rate", "spec_mean_acceptance_length")
 GENERATOR_SERIES = ("users", "in_flight", "cpu_percent_max", "loop_lag_p99_ms_max")
+SPAN_SERIES = ("span_queue_p50_ms", "span_prefill_p50_ms")
 
 
 def for_run(collector, profile) -> "LiveWindow":
@@ -83,13 +85,18 @@ class LiveWindow:
         self._batches: dict[str, set] = {}       # worker -> batch numbers seen
         self._next_point = self.started_unix + step_s
         self.series: dict[str, list] = {k: [] for k in ("t_unix", *SERIES, *SERVER_SERIES,
-                                                        *GENERATOR_SERIES)}
+                                                        *GENERATOR_SERIES, *SPAN_SERIES)}
         self.class_series: dict[str, dict[str, list]] = {}
         self.health: dict[str, deque] = {}       # worker -> (t, row) of the last window
         self.trips: list[dict] = []              # each worker's first saturation per stage
         self._tripped: set = set()
+        self._rule_db = None                     # in-memory DuckDB: the saturation rule's SQL
+        self._health_changed = False
+        self._verdicts: dict[str, dict] = {}     # worker -> its verdict at the last judgement
         self.scrapes: deque = deque()            # (t, server_state) of the last window
         self.scrape_status: str | None = None
+        self.spans: deque = deque()              # (t, queue_ms, prefill_ms) of recent spans
+        self.spans_total = 0
         self.users = None                        # callables set by the collector
         self.stage = None
         self._ticks = None
@@ -99,6 +106,7 @@ class LiveWindow:
         def loop():
             while True:
                 gevent.sleep(1.0)
+                self._judge()
                 self.tick()
 
         self._ticks = gevent.spawn(loop)
@@ -149,13 +157,7 @@ class LiveWindow:
         q.append((t, row))
         while q and t - q[0][0] > self.window_s:
             q.popleft()
-        verdict = self._verdict(worker)
-        if verdict["saturated"] and (worker, self._stage_no()) not in self._tripped:
-            self._tripped.add((worker, self._stage_no()))
-            self.trips.append({"worker": worker, "t_unix": t, "stage": self._stage_no(),
-                               "cause": verdict["cause"],
-                               "loop_lag_p99_ms": verdict["loop_lag_p99_ms"],
-                               "cpu_percent": verdict["cpu_percent"]})
+        self._health_changed = True
 
     def add_scrape(self, t: float, state: dict, status: str = "ok") -> None:
         self.scrape_status = status
@@ -163,36 +165,54 @@ class LiveWindow:
         while self.scrapes and t - self.scrapes[0][0] > self.window_s + self.step_s:
             self.scrapes.popleft()
 
+    def add_spans(self, phases: list, t: float | None = None) -> None:
+        """One export's (queue_ms, prefill_ms) per span joined to a request of this run."""
+        t = self.clock() if t is None else t
+        self.spans.extend((t, q, p) for q, p in phases)
+        self.spans_total += len(phases)
+        while self.spans and t - self.spans[0][0] > self.window_s + 2 * self.step_s:
+            self.spans.popleft()
+
+    def span_figures(self, lo: float, hi: float) -> dict:
+        """Medians and p99s of the spans received in (lo, hi]: live_stats' quantile."""
+        got = [(q, p) for t, q, p in self.spans if lo < t <= hi]
+        queue = [q for q, _ in got if q is not None]
+        prefill = [p for _, p in got if p is not None]
+        return {"spans": len(got),
+                "queue_p50_ms": quantile(queue, 0.5), "queue_p99_ms": quantile(queue, 0.99),
+                "prefill_p50_ms": quantile(prefill, 0.5),
+                "prefill_p99_ms": quantile(prefill, 0.99)}
+
     def _stage_no(self):
         st = self.stage() if self.stage is not None else None
         return None if st is None else st.get("stage")
 
     # ---- health ---------------------------------------------------------------------------
-    def _verdict(self, worker: str) -> dict:
-        """store/runs.py's rule on the worker's last window: medians of loop-lag p99 and CPU."""
-        rows = [r for _, r in self.health.get(worker, ())]
-        latest = rows[-1] if rows else {}
-
-        def med(key):
-            vals = [r[key] for r in rows if r.get(key) is not None]
-            return statistics.median(vals) if vals else None
-
-        lag, cpu = med("loop_lag_p99_ms"), med("cpu_percent")
-        saturated = len(rows) >= MIN_HEALTH_SAMPLES and (
-            (lag or 0.0) > LOOP_LAG_LIMIT_MS or (cpu or 0.0) > CPU_LIMIT)
-        cause = None
-        if saturated:
-            s = Saturation(worker, -1, lag or 0.0, cpu or 0.0, "generator",
-                           med("host_cpu_percent"), med("host_runnable_per_core"),
-                           med("host_steal_percent"), med("involuntary_switches_per_s"))
-            cause = "host" if (cpu or 0.0) < OWN_CPU_BUSY and _host_was_busy(s) else "generator"
-        return {"cpu_percent": latest.get("cpu_percent"),
-                "loop_lag_p99_ms": latest.get("loop_lag_p99_ms"),
-                "loop_lag_p99_ms_median": lag, "cpu_percent_median": cpu,
-                "in_flight": latest.get("in_flight"), "backlog": latest.get("backlog"),
-                "host_cpu_percent": latest.get("host_cpu_percent"),
-                "rss_mb": latest.get("rss_mb"), "samples": len(rows),
-                "saturated": saturated, "cause": cause}
+    def _judge(self) -> None:
+        """store/runs.py's rule (its SQL) on each worker's last window: the medians of loop-lag
+        p99 and CPU, and the cause; and each worker's first saturation per stage. Once a second
+        (the ticker) and per view, not per health row or series point: a DuckDB query costs a
+        millisecond or more, in the event loop the batches come in on."""
+        if not self._health_changed:
+            return
+        self._health_changed = False
+        workers = sorted(self.health)
+        rows = [[r for _, r in self.health[w]] for w in workers]
+        medians = [{c: quantile([r[c] for r in rs if r.get(c) is not None], 0.5)
+                    for c in HEALTH_COLUMNS} for rs in rows]
+        if self._rule_db is None:   # one thread: eight rows need no pool, and none to wake
+            self._rule_db = duckdb.connect(config={"threads": 1})
+        judged = judge_medians(self._rule_db, medians)
+        self._verdicts = {w: _verdict(rs, m, saturated, cause)
+                          for w, rs, m, (saturated, cause) in zip(workers, rows, medians, judged)}
+        stage = self._stage_no()
+        for w, v in self._verdicts.items():
+            if v["saturated"] and (w, stage) not in self._tripped:
+                self._tripped.add((w, stage))
+                self.trips.append({"worker": w, "t_unix": self.health[w][-1][0], "stage": stage,
+                                   "cause": v["cause"],
+                                   "loop_lag_p99_ms": v["loop_lag_p99_ms"],
+                                   "cpu_percent": v["cpu_percent"]})
 
     def in_flight(self) -> int | None:
         latest = [q[-1][1].get("in_flight") for q in self.health.values() if q]
@@ -237,7 +257,10 @@ class LiveWindow:
                                  x[0] > t - self.step_s - 1.0])
         for key in SERVER_SERIES:
             s[key].append(server.get(key))
-        verdicts = [self._verdict(w) for w in self.health]
+        spans = self.span_figures(t - self.step_s, t)
+        s["span_queue_p50_ms"].append(spans["queue_p50_ms"])
+        s["span_prefill_p50_ms"].append(spans["prefill_p50_ms"])
+        verdicts = list(self._verdicts.values())
         s["users"].append(self.users() if self.users is not None else None)
         s["in_flight"].append(self.in_flight())
         s["cpu_percent_max"].append(_max(v["cpu_percent"] for v in verdicts))
@@ -259,10 +282,11 @@ class LiveWindow:
         """Everything the LLM tab draws, as JSON (None, never NaN). ``since``: only the series
         points after that time (a poller's increment)."""
         now = self.clock()
+        self._judge()
         self.tick(now)
         t = self.series["t_unix"]
         first = 0 if since is None else next((i for i, x in enumerate(t) if x > since), len(t))
-        workers = {w: self._verdict(w) for w in sorted(self.health)}
+        workers = dict(self._verdicts)
         server = server_figures(list(self.scrapes))
         fig = self.figures(now)
         fig["users"] = self.users() if self.users is not None else None
@@ -273,6 +297,7 @@ class LiveWindow:
             "step_s": self.step_s, "now": fig,
             "errors_total": self.errors, "errors_by_kind_total": dict(self.errors_by_kind),
             "server": dict(server, scrape=self.scrape_status),
+            "spans": dict(self.span_figures(now - self.window_s, now), total=self.spans_total),
             "generator": {"workers": workers,
                           "saturated": any(v["saturated"] for v in workers.values()),
                           "trips": list(self.trips),
@@ -283,6 +308,19 @@ class LiveWindow:
             "class_series": {c: {k: v[first:] for k, v in s.items()}
                              for c, s in sorted(self.class_series.items())},
         }
+
+
+def _verdict(rows: list[dict], medians: dict, saturated: bool, cause: str) -> dict:
+    latest = rows[-1] if rows else {}
+    saturated = len(rows) >= MIN_HEALTH_SAMPLES and saturated
+    return {"cpu_percent": latest.get("cpu_percent"),
+            "loop_lag_p99_ms": latest.get("loop_lag_p99_ms"),
+            "loop_lag_p99_ms_median": medians["loop_lag_p99_ms"],
+            "cpu_percent_median": medians["cpu_percent"],
+            "in_flight": latest.get("in_flight"), "backlog": latest.get("backlog"),
+            "host_cpu_percent": latest.get("host_cpu_percent"),
+            "rss_mb": latest.get("rss_mb"), "samples": len(rows),
+            "saturated": saturated, "cause": cause if saturated else None}
 
 
 def _max(values):

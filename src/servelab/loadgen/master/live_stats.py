@@ -9,7 +9,8 @@ window, warm-up included, because the live view shows what is happening now):
 - ok = no error_kind; a dropped open-loop arrival is no request (counted in ``dropped``).
 - TTFT, TPOT = (E2E - TTFT) / (output_tokens - 1), E2E: percentiles (quantile_cont) over ok ones.
 - ITL = the token view: each chunk gap g_i spread over the k_i tokens of the later chunk, pooled
-  over ok requests, percentiles read from the same DDSketch buckets (1 %) as itl_stage_quantiles.
+  over ok requests, percentiles read from the same DDSketch buckets (1 %) as itl_stage_quantiles
+  (store/db.py's SKETCH_* constants).
 - output tokens: coalesce(usage output_tokens, the chunks' token count) of every request.
 - slo_met = ok and every SLO its class sets is met (TTFT, TPOT, worst per-token gap, E2E);
   goodput = slo_met requests / s; SLO attainment = slo_met / requests (failures included).
@@ -24,9 +25,12 @@ from collections import Counter
 
 import numpy as np
 
-GAMMA = 1.01 / 0.99
+from servelab.core.quantiles import quantiles_cont
+from servelab.store.db import SKETCH_GAMMA, SKETCH_NEGATIVE_BASE, SKETCH_ZERO_BIN
+
+GAMMA = SKETCH_GAMMA
 _LN_GAMMA = math.log(GAMMA)
-ZERO_BIN = -500000          # store/db.py's bucket of a 0 gap
+ZERO_BIN = SKETCH_ZERO_BIN  # the bucket of a 0 gap
 QS = (0.5, 0.99)
 # A bucket's ITL sketch is a dense histogram over the bins of gaps from 1e-3 ms to 1e7 ms (the
 # others, 0 and negative gaps included, in a Counter): adding a batch is one bincount, and a
@@ -59,7 +63,7 @@ def sketch_bins(v: np.ndarray) -> np.ndarray:
     out = np.full(v.shape, ZERO_BIN, dtype=np.int64)
     pos, neg = v > 0, v < 0
     out[pos] = np.ceil(np.log(v[pos]) / _LN_GAMMA)
-    out[neg] = -1000000 - np.ceil(np.log(-v[neg]) / _LN_GAMMA)
+    out[neg] = SKETCH_NEGATIVE_BASE - np.ceil(np.log(-v[neg]) / _LN_GAMMA)
     return out
 
 
@@ -67,7 +71,8 @@ def bin_values(bins: np.ndarray) -> np.ndarray:
     """servelab_sketch_value: the value a bucket stands for (2 gamma^i / (gamma + 1))."""
     b = bins.astype(np.float64)
     return np.where(bins == ZERO_BIN, 0.0,
-                    np.where(bins < ZERO_BIN, -2 * GAMMA ** (-1000000 - b) / (GAMMA + 1),
+                    np.where(bins < ZERO_BIN,
+                             -2 * GAMMA ** (SKETCH_NEGATIVE_BASE - b) / (GAMMA + 1),
                              2 * GAMMA ** np.minimum(b, 1e6) / (GAMMA + 1)))
 
 
@@ -221,9 +226,13 @@ def add_samples(bucket: Bucket, samples: list, slos: dict) -> None:
             c[1] += 1
 
 
-def _q(values: list, q: float) -> float | None:
-    # numpy's default interpolation is quantile_cont's; None, not NaN: the view is JSON
-    return float(np.quantile(values, q)) if values else None
+def quantiles(values: list, qs=QS) -> list[float | None]:
+    # None, not NaN: the view is JSON
+    return [None if x != x else x for x in quantiles_cont(values, qs)]
+
+
+def quantile(values: list, q: float) -> float | None:
+    return quantiles(values, (q,))[0]
 
 
 def figures(buckets: list[Bucket], span_s: float) -> dict:
@@ -232,6 +241,7 @@ def figures(buckets: list[Bucket], span_s: float) -> dict:
     tpot = [x for b in buckets for x in b.tpot]
     e2e = [x for b in buckets for x in b.e2e]
     itl = itl_quantiles(buckets)
+    ttft_p50, ttft_p99 = quantiles(ttft, (0.5, 0.99))
     requests = sum(b.requests for b in buckets)
     slo_met = sum(b.slo_met for b in buckets)
     errors: Counter = Counter()
@@ -251,9 +261,9 @@ def figures(buckets: list[Bucket], span_s: float) -> dict:
         "requests": requests, "completed": sum(b.completed for b in buckets),
         "errors": sum(errors.values()), "errors_by_kind": dict(errors),
         "dropped": sum(b.dropped for b in buckets),
-        "ttft_p50_ms": _q(ttft, 0.5), "ttft_p99_ms": _q(ttft, 0.99),
+        "ttft_p50_ms": ttft_p50, "ttft_p99_ms": ttft_p99,
         "itl_p50_ms": itl[0], "itl_p99_ms": itl[1],
-        "tpot_p50_ms": _q(tpot, 0.5), "e2e_p50_ms": _q(e2e, 0.5),
+        "tpot_p50_ms": quantile(tpot, 0.5), "e2e_p50_ms": quantile(e2e, 0.5),
         "output_tokens_per_s": rate(sum(b.output_tokens for b in buckets)),
         "requests_per_s": rate(requests), "errors_per_s": rate(sum(errors.values())),
         "goodput": rate(slo_met), "slo_attainment": slo_met / requests if requests else None,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from servelab.sim.engine.costs import CostParams
 from servelab.sim.engine.engine import Engine
+from servelab.specs.cost_calibration import CostParams
 from servelab.specs.engine_config import EngineConfig
 
 

@@ -25,6 +25,10 @@ from servelab.sim.engine.sequence import Sequence
 
 
 class BlockManager:
+    # The engine's clock (set as each step is scheduled and as it ends): a tier below the GPU
+    # (``kv_offload``) stamps its lookups, loads and stores with it; this cache needs no clock.
+    now: float = 0.0
+
     def __init__(self, num_blocks: int, block_size: int = 16, enable_caching: bool = True,
                  match_size: int | None = None):
         match_size = match_size or block_size
@@ -110,23 +114,9 @@ class BlockManager:
         candidates = self.children.get((parent, _first_key(seq, start)))
         if not candidates:
             return 0
-        n_prompt = seq.num_prompt_tokens
-        mine = seq.prompt_token_ids[start:min(start + bs, n_prompt)]
-        best = 0
-        for b in candidates:
-            prompt, owner = self.content[b]
-            run = min(self.fill[b], room)
-            same = 0
-            limit = min(len(prompt), len(mine), run)
-            while same < limit and prompt[same] == mine[same]:
-                same += 1
-            # Past the prompt both hold output tokens, which only the same request shares.
-            if same == len(prompt) == len(mine) and owner == seq.request_id:
-                same = run
-            if same > best:
-                best = same
-                if best >= room:
-                    break
+        mine = seq.prompt_token_ids[start:min(start + bs, seq.num_prompt_tokens)]
+        held = ((self.content[b], self.fill[b]) for b in candidates)
+        best = _longest_common_run(held, mine, seq.request_id, room)
         return min(best, room) // self.match_size * self.match_size
 
     def record_query(self, num_tokens: int, hit_tokens: int) -> None:
@@ -248,6 +238,16 @@ class BlockManager:
         self.fill = [0] * self.num_blocks
         return True
 
+    def take_loads(self) -> dict[str, float]:
+        """Admissions since the last call whose hit a lower tier still copies in -> when it lands
+        (none here: every hit is on the GPU)."""
+        return {}
+
+    def sync_stall_s(self, seqs, counts) -> float:
+        """Seconds a step of ``counts`` new tokens of ``seqs`` waits on KV copies: none here
+        (only LMCache's copies are synchronous; vLLM's native tier copies beside the steps)."""
+        return 0.0
+
     @property
     def num_used_blocks(self) -> int:
         return self.num_blocks - len(self.free)
@@ -269,6 +269,26 @@ class BlockManager:
                 free[b] = None
         seq.block_table = []
         seq.num_committed_blocks = 0
+
+
+def _longest_common_run(held, mine, request_id: str, room: int) -> int:
+    """The longest run of ``mine`` (a block's prompt tokens) that one of the ``held`` blocks,
+    each ((its prompt tokens, owner), committed tokens), starts with, up to ``room`` tokens."""
+    best = 0
+    for (prompt, owner), fill in held:
+        run = min(fill, room)
+        same = 0
+        limit = min(len(prompt), len(mine), run)
+        while same < limit and prompt[same] == mine[same]:
+            same += 1
+        # Past the prompt both hold output tokens, which only the same request shares.
+        if same == len(prompt) == len(mine) and owner == request_id:
+            same = run
+        if same > best:
+            best = same
+            if best >= room:
+                break
+    return best
 
 
 def _first_key(seq: Sequence, pos: int):

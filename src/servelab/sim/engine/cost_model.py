@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.sim.engine.costs import KERNEL_EFFICIENCY, CostParams, resolve_cost
+from servelab.sim.engine.costs import KERNEL_EFFICIENCY, resolve_cost
+from servelab.specs.cost_calibration import CostParams
 from servelab.specs.engine_config import EngineConfig, QuantPath
 from servelab.specs.hardware import HardwareSpec
 from servelab.specs.models import ModelSpec

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from servelab.sim.engine.block_manager import BlockManager
-from servelab.sim.engine.costs import CostParams
 from servelab.sim.engine.engine import Engine, StepOutput
 from servelab.sim.engine.kv_transfer import KVLink
 from servelab.sim.engine.sequence import Sequence
@@ -36,6 +35,7 @@ from servelab.sim.engine.virtual import (
     least_outstanding,
     prompt_ids_for,
 )
+from servelab.specs.cost_calibration import CostParams
 from servelab.specs.engine_config import EngineConfig
 
 ROUTER_HOP_S = 0.001  # one extra HTTP hop through the proxy (assumed; see the module docstring)

@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 from servelab.core.errors import ServelabError
 from servelab.sim.engine.block_manager import BlockManager
 from servelab.sim.engine.cost_model import BatchShape, draft_cost_model, target_cost_model
-from servelab.sim.engine.costs import CostParams, calibrated_acceptance
+from servelab.sim.engine.costs import calibrated_acceptance
 from servelab.sim.engine.kv_offload import CPUTier, offload_block_manager
 from servelab.sim.engine.kv_sizing import KVPlan, plan_kv_cache
+from servelab.sim.engine.pipeline import AsyncPipeline
 from servelab.sim.engine.scheduler import Scheduler
 from servelab.sim.engine.sequence import Sequence, Status
 from servelab.sim.engine.spec_decode import SpecDecoder
 from servelab.sim.engine.startup_log import dialect
+from servelab.specs.cost_calibration import CostParams
 from servelab.specs.engine_config import EngineConfig
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -110,16 +112,16 @@ class Engine:
         self.startup_log: list[str] = dialect(config).startup_lines(config, self.kv_plan, seed)
         self.rng = random.Random(seed * 1_000_003 + engine_index)
         self.block_manager = _block_manager(config, self.kv_plan)
-        # The CPU tier, when offloading, and the requests waiting on its loads (not running:
-        # vLLM holds them as WAITING_FOR_REMOTE_KVS with their GPU blocks allocated).
+        # The CPU tier, when offloading: its counters are the offload metrics.
         self.offload: CPUTier | None = getattr(self.block_manager, "tier", None)
-        self._loading: list[tuple[Sequence, float]] = []
         k = config.num_speculative_tokens
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.max_model_len, num_lookahead_tokens=k,
                                    mixed=config.mixed_prefill_decode,
                                    policy=config.schedule_policy)
         self.cost = target_cost_model(config, self.params)
+        # vLLM's async scheduling (on by default in 0.26); SGLang's overlap loop is not modelled.
+        self.pipeline = AsyncPipeline(self.cost.params, enabled=config.server_kind == "vllm")
         self.spec = (SpecDecoder(config.speculative, draft_cost_model(config, self.params),
                                  self.params, self.rng, calibrated_acceptance(config))
                      if config.speculative else None)
@@ -145,19 +147,17 @@ class Engine:
         seq = Sequence(request_id, prompt_token_ids, max_tokens, min_tokens, ignore_eos, eos_after,
                        arrival_time, spec_acceptance, limit)
         seq.engine_index = self.engine_index
+        if not self.has_unfinished():
+            self.pipeline.idle()
         self.requests[request_id] = seq
-        self.scheduler.add(seq)
+        self.pipeline.add(seq, self.scheduler)
         return seq
 
     def abort_request(self, request_id: str, now: float | None = None) -> bool:
         seq = self.requests.pop(request_id, None)
         if seq is None:
             return False
-        loading = [x for x in self._loading if x[0] is seq]
-        if loading:
-            self._loading.remove(loading[0])
-            self.block_manager.free_seq(seq)
-        else:
+        if not self.pipeline.remove(seq):
             self.scheduler.remove(seq)
         seq.status = Status.FINISHED
         seq.finish_reason = "abort"
@@ -166,7 +166,7 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._loading)
+        return self.scheduler.has_unfinished() or bool(self.pipeline.pending)
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """vLLM's ``reset_prefix_cache``: forget all cached blocks so that no later request hits.
@@ -189,7 +189,7 @@ class Engine:
         s = self._stats
         sch, bm = self.scheduler, self.block_manager
         s.num_running = len(sch.running)
-        s.num_waiting = len(sch.waiting) + len(self._loading)
+        s.num_waiting = sch.num_waiting
         s.kv_usage = bm.usage
         s.num_preemptions_total = sch.num_preemptions
         s.prefix_cache_queries_total = bm.query_tokens
@@ -203,51 +203,76 @@ class Engine:
 
     # -- one engine step ------------------------------------------------------------------------
     def step(self, now: float) -> StepOutput:
-        if self.offload is not None:
-            self.block_manager.now = now
-            self._land_loads(now)
-        batch = self.scheduler.schedule()
-        if self.offload is not None:
-            self._hold_loads(batch)
+        """Schedule a batch, price it, then account for the tokens it produced."""
+        self.pipeline.release(now, self.scheduler)
+        batch = self.scheduler.schedule(now)
         out = StepOutput(0.0, num_preempted=len(batch.preempted))
         if not batch.seqs:
-            if self._loading:
-                # Only transfers are in flight: the loop polls until the first one lands.
-                out.duration_s = max(self.params.t_cpu_s,
-                                     min(done for _, done in self._loading) - now)
-            elif self.scheduler.has_unfinished():
-                # Nothing fits this step (every request waits on blocks): the loop still spins.
-                out.duration_s = self.params.t_cpu_s
+            out.duration_s = self._spin_s(now)
             return out
+        shape, spec_counts = self._shape(batch, now)
+        duration = self.pipeline.duration(now, self.cost.step_time(shape), shape.num_seqs,
+                                          shape.num_tokens)
+        # LMCache's copies run inside the step (before and after the forward pass).
+        duration += self.block_manager.sync_stall_s(batch.seqs, batch.num_new_tokens)
+        emitted = self._advance(batch, spec_counts)
+        if self.spec is not None:
+            # Drafting follows the target's forward in the same step: the step's tokens are
+            # visible only once both are done.
+            out.draft_s = self._draft_s(shape, emitted)
+            duration += out.draft_s
+        self._postprocess(emitted, now + duration, out)
+        self._account(out, shape, duration)
+        return out
 
+    def _account(self, out: StepOutput, shape: BatchShape, duration: float) -> None:
+        out.duration_s = duration
+        out.num_prefill_tokens = shape.prefill_tokens
+        out.num_decode_tokens = shape.decode_tokens
+        out.num_prefill_seqs = shape.num_prefill
+        out.num_decode_seqs = shape.num_decode
+        stats = self._stats
+        stats.num_steps_total += 1
+        stats.iteration_tokens_total += shape.num_tokens
+        stats.busy_time_s += duration
+
+    def _spin_s(self, now: float) -> float:
+        """How long a step with nothing to compute lasts (0: the engine is idle)."""
+        landing = self.scheduler.next_load_s()
+        if landing is not None:
+            # Only transfers are in flight: the loop polls until the first one lands.
+            return max(self.params.t_cpu_s, landing - now)
+        if self.scheduler.has_unfinished() or self.pipeline.pending:
+            # Nothing fits this step (every request waits on blocks, or arrived after it was
+            # decided: the next one, priced as after idle, takes them): the loop still spins.
+            self.pipeline.idle()
+            return self.params.t_cpu_s
+        return 0.0
+
+    def _shape(self, batch, now: float) -> tuple[BatchShape, list[int]]:
+        """The batch as the cost model sees it, and the draft tokens each request verifies.
+        Classified before any state changes: a request with exactly one uncomputed real token is
+        decoding (plus the draft tokens it verifies); anything else is a prefill chunk."""
         shape = BatchShape()
-        seqs, counts = batch.seqs, batch.num_new_tokens
-        # Classify before any state changes: a request with exactly one uncomputed real token is
-        # decoding (plus the draft tokens it verifies); anything else is a prefill chunk.
         spec_counts = []
-        for seq, n in zip(seqs, counts):
-            real_left = seq.num_tokens - seq.num_computed_tokens
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
             if seq.first_scheduled_time is None:
                 seq.first_scheduled_time = now
-            if real_left == 1:
-                k = n - 1
-                shape.add_decode(seq.num_computed_tokens, k)
-                spec_counts.append(k)
+            if seq.num_tokens - seq.num_computed_tokens == 1:
+                shape.add_decode(seq.num_computed_tokens, n - 1)
+                spec_counts.append(n - 1)
             else:
                 shape.add_prefill(n, seq.num_computed_tokens)
                 spec_counts.append(0)
-        duration = self.cost.step_time(shape)
-        if self.offload is not None:
-            # LMCache's copies run inside the step (before and after the forward pass).
-            duration += self.block_manager.sync_stall_s(seqs, counts)
+        return shape, spec_counts
 
+    def _advance(self, batch, spec_counts: list[int]) -> list[tuple[Sequence, int]]:
+        """Count the batch's tokens as computed; each request that reached its end samples
+        (its accepted drafts and one token) and proposes its next drafts. Returns those
+        requests with the tokens each emits."""
         spec = self.spec
-        bm = self.block_manager
-        stats = self._stats
         emitted: list[tuple[Sequence, int]] = []
-        drafting = 0
-        draft_ctx = 0
-        for seq, n, k in zip(seqs, counts, spec_counts):
+        for seq, n, k in zip(batch.seqs, batch.num_new_tokens, spec_counts):
             seq.num_computed_tokens += n
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a prefill chunk that leaves more prompt for later steps
@@ -259,25 +284,23 @@ class Engine:
             emitted.append((seq, new))
             if spec is not None and seq.num_output_tokens < seq.stop_len:
                 seq.num_spec_tokens = spec.propose()
-                if seq.num_spec_tokens:
-                    drafting += 1
-                    draft_ctx += seq.num_tokens
-        if spec is not None:
-            # Drafting follows the target's forward in the same step: the step's tokens are
-            # visible only once both are done.
-            out.draft_s = spec.draft_time(shape, drafting, draft_ctx)
-            duration += out.draft_s
-        end = now + duration
+        return emitted
 
-        events = out.events
-        finished_any = False
-        if self.offload is not None:
-            bm.now = end  # the step's KV exists once it ends: write-through stores start then
+    def _draft_s(self, shape: BatchShape, emitted) -> float:
+        drafting = [seq for seq, _ in emitted if seq.num_spec_tokens]
+        return self.spec.draft_time(shape, len(drafting), sum(s.num_tokens for s in drafting))
+
+    def _postprocess(self, emitted, end: float, out: StepOutput) -> None:
+        """The emitted tokens become visible at ``end``: timings, prefix-cache commits, finishes
+        (their blocks freed) and the token events."""
+        bm, stats = self.block_manager, self._stats
+        bm.now = end  # the step's KV exists once it ends: write-through stores start then
         caching = bm.enable_caching
         block_size = bm.block_size
         # Finer matching makes a partly filled block matchable too: the first emission after a
         # prefill commits even when no block has filled since the last commit (there was none).
         commit_first = caching and bm.partial
+        finished_any = False
         for seq, new in emitted:
             if seq.first_token_time is None:
                 seq.first_token_time = end
@@ -288,53 +311,23 @@ class Engine:
             if caching and (seq.num_computed_tokens >= (seq.num_committed_blocks + 1) * block_size
                             or commit_first and seq.num_committed_blocks == 0):
                 bm.commit(seq)
-            if seq.num_output_tokens >= seq.stop_len:
-                reason = seq.stop_reason
-                seq.status = Status.FINISHED
-                seq.finish_reason = reason
-                seq.finish_time = end
-                seq.num_spec_tokens = 0
-                bm.free_seq(seq)
-                self.requests.pop(seq.request_id, None)
-                stats.request_success_total[reason] += 1
+            finished = seq.num_output_tokens >= seq.stop_len
+            if finished:
+                self._finish(seq, end)
                 out.finished.append(seq)
                 finished_any = True
-                events.append(TokenEvent(seq.request_id, new, True, reason, seq.num_output_tokens))
-            else:
-                events.append(TokenEvent(seq.request_id, new, False, None, seq.num_output_tokens))
+            out.events.append(TokenEvent(seq.request_id, new, finished,
+                                         seq.finish_reason if finished else None,
+                                         seq.num_output_tokens))
         if finished_any:
             self.scheduler.running = [s for s in self.scheduler.running if s.status is Status.RUNNING]
 
-        out.duration_s = duration
-        out.num_prefill_tokens = shape.prefill_tokens
-        out.num_decode_tokens = shape.decode_tokens
-        out.num_prefill_seqs = shape.num_prefill
-        out.num_decode_seqs = shape.num_decode
-        stats.num_steps_total += 1
-        stats.iteration_tokens_total += shape.num_tokens
-        stats.busy_time_s += duration
-        return out
-
-    # -- CPU tier loads ----------------------------------------------------------------------
-    def _hold_loads(self, batch) -> None:
-        """Take requests whose admission starts a load from the CPU tier out of this step: they
-        compute once the load has landed (their token budget this step goes unused)."""
-        loads = self.block_manager.take_loads()
-        if not loads:
-            return
-        keep = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens)
-                if s.request_id not in loads]
-        batch.seqs = [s for s, _ in keep]
-        batch.num_new_tokens = [n for _, n in keep]
-        running = self.scheduler.running
-        for seq in [s for s in running if s.request_id in loads]:
-            running.remove(seq)
-            self._loading.append((seq, loads[seq.request_id]))
-
-    def _land_loads(self, now: float) -> None:
-        if not self._loading:
-            return
-        landed = [x for x in self._loading if x[1] <= now]
-        if landed:
-            self._loading = [x for x in self._loading if x[1] > now]
-            self.scheduler.running.extend(seq for seq, _ in landed)
+    def _finish(self, seq: Sequence, end: float) -> None:
+        reason = seq.stop_reason
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        seq.finish_time = end
+        seq.num_spec_tokens = 0
+        self.block_manager.free_seq(seq)
+        self.requests.pop(seq.request_id, None)
+        self._stats.request_success_total[reason] += 1

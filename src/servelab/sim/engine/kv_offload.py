@@ -164,13 +164,14 @@ class CPUTier:
 
 
 class OffloadingBlockManager(BlockManager):
-    """The GPU block manager with a ``CPUTier`` under its prefix cache. The engine sets ``now``
-    before it schedules (lookups and loads) and before it commits a step's blocks (stores)."""
+    """The GPU block manager with a ``CPUTier`` under its prefix cache. ``now`` is the step's
+    start while the scheduler admits (lookups and loads) and its end while the engine commits
+    the step's blocks (stores); the scheduler holds loading requests out of the batch
+    (``take_loads``)."""
 
     def __init__(self, num_blocks: int, block_size: int, tier: CPUTier):
         super().__init__(num_blocks, block_size, True)
         self.tier = tier
-        self.now = 0.0
         self._matched: dict[str, tuple[int, int]] = {}   # request -> (GPU blocks, CPU blocks)
         self.loads: dict[str, float] = {}                # admitted this step -> load landed at
         self._last_loaded = 0   # tokens the last successful allocate loads from the tier
@@ -223,10 +224,6 @@ class OffloadingBlockManager(BlockManager):
     def take_loads(self) -> dict[str, float]:
         loads, self.loads = self.loads, {}
         return loads
-
-    def sync_stall_s(self, seqs, counts) -> float:
-        """Seconds this step's forward pass waits on copies: none, native copies are async."""
-        return 0.0
 
 
 def offload_block_manager(config, kv_tokens: int, block_size: int) -> OffloadingBlockManager:

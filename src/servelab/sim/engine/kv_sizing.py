@@ -121,27 +121,38 @@ def plan_kv_cache(config: EngineConfig) -> KVPlan:
         load_time_s=load_s, warnings=list(config.warnings),
     )
     plan.log_lines.extend(config.log_lines)
+    _check_fit(plan, config, weights, weights + act + non_torch + graphs, available, bool(fixed_kv))
+    return plan
+
+
+def _check_fit(plan: KVPlan, config: EngineConfig, weights: float, used: float,
+               available: float, fixed_kv: bool) -> None:
+    """vLLM's start-up checks, in its order: each refusal is an error (and ends the log), each
+    passed step a log line. ``used`` is weights, activations, non-torch memory and graphs."""
+    hw = config.hardware
+    total = hw.memory_bytes
+    kvb, bs, num_blocks = plan.kv_bytes_per_token, plan.block_size, plan.num_blocks
     if weights > total:
         plan.errors.append(
             f"torch.OutOfMemoryError: CUDA out of memory. The weights of {config.model.hf_id} need "
             f"{weights / GIB:.2f} GiB per GPU but the {hw.name} has {total / GIB:.2f} GiB. Use a "
             f"quantized checkpoint, a larger --tensor-parallel-size or a larger GPU."
         )
-        return plan
-    plan.log_lines.append(f"Model loading took {weights / GIB:.4f} GiB and {load_s:.6f} seconds")
+        return
+    plan.log_lines.append(f"Model loading took {weights / GIB:.4f} GiB and {plan.load_time_s:.6f} seconds")
     if fixed_kv:
-        if weights + act + non_torch + graphs + available > total:
+        if used + available > total:
             plan.errors.append(
                 f"torch.OutOfMemoryError: CUDA out of memory. --kv-cache-memory-bytes reserves "
-                f"{available / GIB:.2f} GiB beside {(weights + act + non_torch + graphs) / GIB:.2f} "
+                f"{available / GIB:.2f} GiB beside {used / GIB:.2f} "
                 f"GiB of weights, activations and graphs; the {hw.name} has {total / GIB:.2f} GiB.")
-            return plan
+            return
         plan.log_lines.append(
             f"Initial free memory {total / GIB:.2f} GiB, reserved {available / GIB:.2f} GiB memory "
             "for KV Cache as specified by kv_cache_memory_bytes config and skipped memory profiling.")
     if available <= 0 or num_blocks == 0:
         plan.errors.append(NO_MEMORY_MSG)
-        return plan
+        return
     plan.log_lines.append(f"Available KV cache memory: {available / GIB:.2f} GiB")
     needed = -(-config.max_model_len // bs) * bs * kvb
     if needed > available:
@@ -153,13 +164,12 @@ def plan_kv_cache(config: EngineConfig) -> KVPlan:
             f"model length is {est}. Try increasing gpu_memory_utilization or decreasing max_model_len "
             f"when initializing the engine."
         )
-        return plan
+        return
     plan.log_lines.append(f"GPU KV cache size: {plan.kv_tokens:,} tokens")
     plan.log_lines.append(
         f"Maximum concurrency for {config.max_model_len:,} tokens per request: {plan.max_concurrency:.2f}x")
     plan.log_lines.append(
         f"Chunked prefill is enabled with max_num_batched_tokens={config.max_num_batched_tokens}.")
-    return plan
 
 
 def preflight(hardware: str, model: str, serve_args: list[str] | ServeArgs | None = None) -> KVPlan:

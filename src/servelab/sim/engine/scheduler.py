@@ -54,6 +54,9 @@ class Scheduler:
         self.num_lookahead_tokens = num_lookahead_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # Admitted requests whose hit is being copied in from a tier below the GPU, with when it
+        # lands: not running (vLLM holds them as WAITING_FOR_REMOTE_KVS, GPU blocks allocated).
+        self.loading: list[tuple[Sequence, float]] = []
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -61,7 +64,11 @@ class Scheduler:
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.loading)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.loading)
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free_seq(seq)
@@ -82,7 +89,15 @@ class Scheduler:
             victims.append(victim)
         return victims
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, now: float = 0.0) -> ScheduledBatch:
+        """The batch of the step that starts at ``now``."""
+        self.block_manager.now = now
+        self._land_loads(now)
+        batch = self._schedule()
+        self._hold_loads(batch)
+        return batch
+
+    def _schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         if not self.mixed:
@@ -170,8 +185,40 @@ class Scheduler:
             batch.num_new_tokens.append(n)
             budget -= n
 
+    def _hold_loads(self, batch: ScheduledBatch) -> None:
+        """Take requests whose admission starts a load from a lower tier out of this step: they
+        compute once the load has landed (their token budget this step goes unused)."""
+        loads = self.block_manager.take_loads()
+        if not loads:
+            return
+        keep = [(s, n) for s, n in zip(batch.seqs, batch.num_new_tokens)
+                if s.request_id not in loads]
+        batch.seqs = [s for s, _ in keep]
+        batch.num_new_tokens = [n for _, n in keep]
+        running = self.running
+        for seq in [s for s in running if s.request_id in loads]:
+            running.remove(seq)
+            self.loading.append((seq, loads[seq.request_id]))
+
+    def _land_loads(self, now: float) -> None:
+        if not self.loading:
+            return
+        landed = [x for x in self.loading if x[1] <= now]
+        if landed:
+            self.loading = [x for x in self.loading if x[1] > now]
+            self.running.extend(seq for seq, _ in landed)
+
+    def next_load_s(self) -> float | None:
+        """When the first load in flight lands (None: none is)."""
+        return min(done for _, done in self.loading) if self.loading else None
+
     def remove(self, seq: Sequence) -> bool:
-        """Take a sequence out of either queue (finish or abort), freeing its blocks."""
+        """Take a sequence out of any queue (finish or abort), freeing its blocks."""
+        loading = [x for x in self.loading if x[0] is seq]
+        if loading:
+            self.loading.remove(loading[0])
+            self.block_manager.free_seq(seq)
+            return True
         if seq.status is Status.RUNNING:
             try:
                 self.running.remove(seq)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 
 from servelab.sim.engine.cost_model import BatchShape, CostModel
-from servelab.sim.engine.costs import CostParams, default_acceptance, match_probability
+from servelab.sim.engine.costs import default_acceptance, match_probability
+from servelab.specs.cost_calibration import CostParams
 from servelab.specs.engine_config import SpecDecodeConfig
 
 

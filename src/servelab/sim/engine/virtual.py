@@ -7,7 +7,11 @@ benchmark client and a /metrics scraper would have seen. Who sends what when (cl
 open-loop arrivals, sessions) is ``virtual_users``.
 
 Client-side times add a small frontend latency on either side of the engine (HTTP parsing,
-tokenization, the hop to the engine core; detokenizing and writing the SSE chunk).
+tokenization, the hop to the engine core; detokenizing and writing the SSE chunk). Where the
+engine's coefficients price the API server's CPU, that work is a queueing stage instead
+(``sim.engine.frontend``: requests wait for it before the engine sees them, each step's chunks
+after it, and the engine starts a step only once the step before last has been streamed), and
+the fixed latency keeps only the network hops.
 
 An open loop can be capped like the load generator's ``max_in_flight``: requests submitted with
 an ``InFlightCap`` wait, first come first served, while ``limit`` of them are in flight, and leave
@@ -25,10 +29,15 @@ from dataclasses import dataclass, field
 
 from servelab.sim.engine.balancer import least_outstanding
 from servelab.sim.engine.engine import Engine, StepOutput
+from servelab.sim.engine.frontend import APIServer
 from servelab.sim.engine.kv_offload import LOAD, STORE
 
 FRONTEND_IN_S = 0.002    # request sent -> engine sees it
 FRONTEND_OUT_S = 0.0005  # step done -> client receives the chunk
+# With a calibration that prices the API server's CPU (``sim.engine.frontend``), the hops left
+# outside it are the network and the HTTP server's accept/write (the capture: ~1 ms each way).
+NETWORK_IN_S = 0.001
+NETWORK_OUT_S = 0.0005
 _SUFFIX_BASE = 1 << 40   # request-unique prompt ids live above every prefix-group id
 
 
@@ -189,6 +198,11 @@ class VirtualRunner:
                  frontend_in_s: float = FRONTEND_IN_S, frontend_out_s: float = FRONTEND_OUT_S):
         self.engines = engines
         self.sample_interval_s = sample_interval_s
+        # One API server per engine (a DP deployment's shared API server is not modelled).
+        self.api = [APIServer(e.cost.params) for e in engines]
+        if any(a.enabled for a in self.api):
+            frontend_in_s = min(frontend_in_s, NETWORK_IN_S)
+            frontend_out_s = min(frontend_out_s, NETWORK_OUT_S)
         self.frontend_in_s = frontend_in_s
         self.frontend_out_s = frontend_out_s
         self._heap: list = []
@@ -264,9 +278,15 @@ class VirtualRunner:
 
     def _start_step(self, i: int, t: float) -> None:
         engine = self.engines[i]
+        gate = self.api[i].gate()
+        if gate > t:   # the API server has not streamed the step before last yet
+            self._busy[i] = True
+            self._push(gate, "start", (i,))
+            return
         out = engine.step(t)
         if out.duration_s <= 0 and not out.events:
             self._busy[i] = False
+            self.api[i].reset_gate()
             self._current[i] = self._snapshot(engine)
             return
         self._busy[i] = True
@@ -274,9 +294,18 @@ class VirtualRunner:
 
     def _arrive(self, t: float, req: VirtualRequest, index: int, sent_s: float,
                 scheduled_s: float | None, cap: InFlightCap | None) -> None:
-        rid = req.request_id or f"req-{index}"
         i = least_outstanding([e.num_outstanding for e in self.engines])
         ids = prompt_ids_for(req, index)
+        ready = self.api[i].request_in(t, len(ids))
+        args = (i, req, index, ids, sent_s, scheduled_s, cap)
+        if ready > t:   # the API server's CPU: parse and tokenize first
+            self._push(ready, "enter", args)
+        else:
+            self._enter(ready, *args)
+
+    def _enter(self, t: float, i: int, req: VirtualRequest, index: int, ids, sent_s: float,
+               scheduled_s: float | None, cap: InFlightCap | None) -> None:
+        rid = req.request_id or f"req-{index}"
         max_tokens = req.max_tokens or req.output_len
         eos_after = None if req.ignore_eos else req.output_len
         self.engines[i].add_request(rid, ids, max_tokens, min_tokens=req.min_tokens,
@@ -297,7 +326,7 @@ class VirtualRunner:
 
     def _step_done(self, t: float, i: int, out: StepOutput, snapshot: tuple) -> None:
         self._current[i] = snapshot
-        client_t = t + self.frontend_out_s
+        client_t = self.api[i].step_out(t, len(out.events)) + self.frontend_out_s
         if out.events:
             self._last_client_s = client_t
         live = self._live
@@ -324,6 +353,7 @@ class VirtualRunner:
             self._start_step(i, t)
         else:
             self._busy[i] = False
+            self.api[i].reset_gate()
 
     def _sample(self, t: float) -> None:
         for i in range(len(self.engines)):
@@ -348,6 +378,10 @@ class VirtualRunner:
                 self._step_done(t, *payload)
             elif kind == "arrive":
                 self._arrive(t, *payload)
+            elif kind == "enter":
+                self._enter(t, *payload)
+            elif kind == "start":
+                self._start_step(payload[0], t)
             elif kind == "send":
                 self._send(t, *payload)
             else:

@@ -1,5 +1,6 @@
 """Virtual users: the load generator's users in virtual time, the one user model that ``servelab
-predict`` and the calibration (``sim.engine.calibration``, tests/sim_engine) drive engines with.
+predict`` and the published-table comparison (``orchestration.calibrate_published``,
+tests/sim_engine) drive engines with.
 
 A user sends a session's turns in order, each once the previous answer arrived and the turn's
 think time passed. A closed-loop user (``add_user``) takes its next session when one ends, until

@@ -37,6 +37,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from servelab.sim.engine.kv_offload import LMCACHE_COUNTERS, LOAD, SIZE_BUCKETS, STORE
+from servelab.sim.server.metrics_versions import VersionedCollector
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -111,6 +112,7 @@ class EngineMetrics:
         self.iteration_tokens = Hist(ITERATION_TOKENS_BUCKETS)
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        self.cached_tokens = 0   # prompt tokens of finished requests served from the cache
         self.success = dict.fromkeys(FINISHED_REASONS, 0)
         # the simulator's own health
         self.lag = Hist(LAG_BUCKETS)
@@ -132,6 +134,7 @@ class EngineMetrics:
         self.params_max_tokens.observe(max_tokens)
         self.max_num_generation_tokens.observe(max_tokens)
         self.params_n.observe(1)
+        self.cached_tokens += max(num_cached, 0)
         self.e2e.observe(last_token - arrival)
         if scheduled is None or engine_first_token is None:
             return
@@ -163,8 +166,13 @@ class SimCollector(Collector):
         self.spec_k = spec_k
         self.http_requests = {} if http_requests is None else http_requests
         self.created = time.time()
+        # Set by a server kind that writes its own /metrics (ServerKind.sim_metrics): its labels
+        # go on every family, the servelab:sim_* ones included.
+        self.engine_labels = None
 
     def _base(self, i: int) -> dict:
+        if self.engine_labels is not None:
+            return self.engine_labels(i)
         return {"model_name": self.model_name, "engine": str(i)}
 
     def _gauge(self, name, doc, values):
@@ -369,14 +377,20 @@ class SimCollector(Collector):
 
 
 class MetricsExporter:
-    """The server's own registry: vLLM's families plus process and GC metrics, as vLLM has."""
+    """The server's own registry: vLLM's families (every one the imitated release defines:
+    ``metrics_versions``) plus process and GC metrics, as vLLM has."""
 
-    def __init__(self, collector: SimCollector):
+    def __init__(self, collector: SimCollector, vllm_version: str | None = None):
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(collector)
+        self.versioned = VersionedCollector(collector, vllm_version)
+        self.registry.register(self.versioned)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
+
+    def imitate(self, vllm_version: str) -> None:
+        """Expose the families of this vLLM release (``servelab sim --vllm-version``)."""
+        self.versioned.version = vllm_version
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

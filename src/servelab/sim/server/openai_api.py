@@ -9,6 +9,7 @@ import orjson
 from aiohttp import web
 
 from servelab import __version__
+from servelab.core.chatml import ChatTemplateError, render_chat
 from servelab.sim.server.faults import HTTP_KINDS
 from servelab.sim.server.protocol import (
     ApiError,
@@ -23,7 +24,6 @@ from servelab.sim.server.protocol import (
 )
 from servelab.sim.server.realtime import ENGINE_DEAD_MESSAGE, pick_driver
 from servelab.sim.server.stream import RequestStream, ServerRecord, clock
-from servelab.sim.server.tokenizer import ChatTemplateError, render_chat
 
 SIM = web.AppKey("sim", object)
 _BOOL_WORDS = {"true": True, "1": True, "yes": True, "on": True,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from servelab.sim.server.tokenizer import ChatTemplateError, render_chat
+from servelab.core.chatml import ChatTemplateError, render_chat
 
 DONE_FRAME = b"data: [DONE]\n\n"
 

@@ -23,6 +23,7 @@ import asyncio
 import traceback
 
 from servelab.sim.engine.balancer import least_outstanding
+from servelab.sim.engine.frontend import APIServer
 from servelab.sim.server.metrics import EngineMetrics
 from servelab.sim.server.stream import RequestStream, clock
 
@@ -44,6 +45,9 @@ class EngineDriver:
         self.dead: BaseException | None = None
         self._wake = asyncio.Event()
         self._task = None
+        self.iteration_log = None   # sim.server.iteration_log.IterationLog, when details are on
+        # The API server's CPU as the calibration prices it (the same stage predict runs).
+        self.api = APIServer(engine.cost.params)
 
     @property
     def outstanding(self) -> int:
@@ -53,12 +57,21 @@ class EngineDriver:
                ignore_eos: bool, eos_after: int | None, spec_acceptance: float | None) -> None:
         rec = stream.record
         rec.engine = self.index
-        self.engine.add_request(rec.engine_id, prompt_ids, max_tokens, min_tokens=min_tokens,
-                                ignore_eos=ignore_eos, eos_after=eos_after,
-                                arrival_time=rec.arrival, spec_acceptance=spec_acceptance)
         stream.abort_cb = self._abort
         self.streams[rec.engine_id] = stream
-        self._wake.set()
+
+        def add(arrival: float) -> None:
+            if rec.engine_id in self.streams:   # not aborted while in the API server's queue
+                self.engine.add_request(rec.engine_id, prompt_ids, max_tokens,
+                                        min_tokens=min_tokens, ignore_eos=ignore_eos,
+                                        eos_after=eos_after, arrival_time=arrival,
+                                        spec_acceptance=spec_acceptance)
+                self._wake.set()
+        wait = self.api.request_in(clock(), len(prompt_ids)) - clock() if self.api.enabled else 0
+        if wait > 0:
+            asyncio.get_running_loop().call_later(wait, lambda: add(clock()))
+        else:
+            add(rec.arrival)
 
     def _abort(self, stream: RequestStream, now: float) -> None:
         rid = stream.record.engine_id
@@ -103,6 +116,11 @@ class EngineDriver:
                 self._wake.clear()
                 await self._wake.wait()
                 start = clock()  # idle: a fresh schedule begins with the request
+                self.api.reset_gate()
+            gate = self.api.gate()
+            if gate > clock():   # the API server has not streamed the step before last yet
+                await sleep(gate - clock())
+                start = max(start, gate)
             out = engine.step(start)
             end = start + out.duration_s
             delay = end - clock()
@@ -119,7 +137,14 @@ class EngineDriver:
             m.steps += 1
             if out.num_scheduled_tokens:
                 m.iteration_tokens.observe(out.num_scheduled_tokens)
-            self._deliver(out, woke)
+            if self.iteration_log is not None:   # logged at the step's end, as vLLM does
+                self.iteration_log.record(self.index, out, engine.block_manager.usage)
+            if self.api.enabled:   # the chunks leave once the API server has processed them
+                at = self.api.step_out(woke, len(out.events)) - clock()
+                asyncio.get_running_loop().call_later(max(0.0, at),
+                                                      lambda o=out: self._deliver(o, clock()))
+            else:
+                self._deliver(out, woke)
             m.delivery.observe(clock() - woke)
             if lag > resync_after:
                 m.resyncs += 1

@@ -17,6 +17,7 @@ from servelab.core.procs import write_ready_file
 from servelab.sim.engine.costs import resolve_cost
 from servelab.sim.engine.kv_sizing import plan_kv_cache
 from servelab.sim.engine.startup_log import dialect
+from servelab.sim.server.iteration_log import attach as attach_iteration_log
 from servelab.sim.server.pd import connector_lines
 from servelab.sim.server.server import SimServer, new_event_loop
 from servelab.specs.engine_config import EngineConfig
@@ -35,6 +36,8 @@ class ServeOptions:
     log_stats_interval: float = 5.0
     ready_file: str | None = None
     api_keys: tuple[str, ...] = ()     # --api-key (else $VLLM_API_KEY); never logged
+    iteration_details: bool = False    # --enable-logging-iteration-details (vLLM's lines)
+    vllm_version: str | None = None    # --vllm-version: the release the log and /metrics imitate
 
 
 def _vllm_error_line(message: str) -> str:
@@ -86,7 +89,7 @@ def serve(config: EngineConfig, instances: int | PDSpec, salt: str | None,
         f"instances={shown}, kernel path {config.quant.name})")
     log(f"servelab sim: cost model from {resolve_cost(config)[1]}")
     plan = plan_kv_cache(config)
-    lines = speaks.startup_lines(config, plan, opts.seed)
+    lines = speaks.startup_lines(config, plan, opts.seed, opts.vllm_version)
     for line in lines if pd is None else ():
         log(line)
     for i, name in enumerate(names):
@@ -99,6 +102,11 @@ def serve(config: EngineConfig, instances: int | PDSpec, salt: str | None,
                        output_divergence=opts.output_divergence, divergence_salt=salt,
                        guard_s=max(opts.timer_guard_ms, 0.0) / 1000.0,
                        api_keys=list(opts.api_keys), log=log)
+    iterations = attach_iteration_log(server) if opts.iteration_details else None
+    if opts.vllm_version:
+        pd_pages = [i.exporter for i in server.pd.instances] if server.pd is not None else []
+        for exporter in [server.exporter, *pd_pages]:
+            exporter.imitate(opts.vllm_version)
     if server.dev_mode:
         log("WARNING SECURITY WARNING: Development endpoints are enabled! This should NOT be used "
             "in production!")
@@ -139,6 +147,8 @@ def serve(config: EngineConfig, instances: int | PDSpec, salt: str | None,
         if stats_task is not None:
             stats_task.cancel()
         loop.run_until_complete(server.stop())
+        if iterations is not None:
+            iterations.flush()
         loop.close()
         if opts.ready_file and os.path.exists(opts.ready_file):
             os.remove(opts.ready_file)

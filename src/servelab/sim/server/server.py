@@ -31,11 +31,11 @@ from servelab.sim.engine.kv_transfer import kv_link
 from servelab.sim.server.auth import authentication, configured_keys
 from servelab.sim.server.faults import FaultPlan, parse_faults
 from servelab.sim.server.metrics import EngineMetrics, MetricsExporter, SimCollector
-from servelab.sim.server.metrics_sglang import SglangCollector
 from servelab.sim.server.openai_api import SIM, add_routes, count_http_requests
 from servelab.sim.server.pd import PDRouter
 from servelab.sim.server.protocol import ServedModel, SimRequest
 from servelab.sim.server.realtime import EngineDriver
+from servelab.sim.server import otlp_export
 from servelab.sim.server.stream import ServerRecord, clock
 from servelab.sim.server.spec_hint import acceptance_hint, equivalent_acceptance
 from servelab.sim.server.textgen import OutputText, get_corpus, request_key
@@ -52,8 +52,6 @@ DEFAULT_DIVERGENCE = {"bf16": 0.0, "fp8-w8a8": 0.002, "fp8-w8a16-marlin": 0.002,
                       "w4a16-marlin": 0.005, "awq-gemm": 0.005, "gptq-exllama": 0.005}
 FP8_KV_DIVERGENCE = 0.001
 INLINE_TOKENIZE_CHARS = 1024
-# /metrics in the dialect of the server kind the simulator stands in for.
-COLLECTORS = {"vllm": SimCollector, "sglang": SglangCollector}
 
 
 def server_dev_mode(environ=os.environ) -> bool:
@@ -119,9 +117,11 @@ class SimServer:
         }
         self.http_requests: dict[tuple[str, str, str], int] = {}  # (handler, method, "2xx")
         self.kind = server_kind(config.server_kind)
-        self.exporter = MetricsExporter(COLLECTORS[config.server_kind](
-            config.served_model_name, self.engines, self.frontend, cache_info,
-            config.num_speculative_tokens, self.http_requests))
+        collector = SimCollector(config.served_model_name, self.engines, self.frontend,
+                                 cache_info, config.num_speculative_tokens, self.http_requests)
+        # A kind with its own /metrics writes it from the same numbers (ServerKind.sim_metrics).
+        page = self.kind.sim_metrics(collector) if self.kind.sim_metrics else collector
+        self.exporter = MetricsExporter(page)
         self.pd = None if pd is None else PDRouter(
             pd, self.drivers, kv_link(config, pd.kv_link_gb_s),
             (config.served_model_name, cache_info, config.num_speculative_tokens))
@@ -130,6 +130,7 @@ class SimServer:
         self.max_records = max_records
         self.created = int(time.time())
         self.epoch_offset = time.time() - clock()
+        self.spans = otlp_export.start(config.serve_args.ignored, self.epoch_offset)
         self._tokenize_pool = ThreadPoolExecutor(2, thread_name_prefix="servelab-tokenize")
         self._runner: web.AppRunner | None = None
         self.url: str | None = None
@@ -182,6 +183,8 @@ class SimServer:
         self._observe(driver, rec, seq)
         if self.pd is not None:
             self.pd.restore_arrival(driver, rec)
+        if self.spans is not None:
+            self.spans.record(rec, seq)
         self.add_record(rec)
 
     def _observe(self, driver: EngineDriver, rec: ServerRecord, seq) -> None:
@@ -255,6 +258,8 @@ class SimServer:
             await self._runner.cleanup()
             self._runner = None
         self._tokenize_pool.shutdown(wait=False)
+        if self.spans is not None:
+            self.spans.close()
 
     @contextlib.asynccontextmanager
     async def serving(self, host: str = "127.0.0.1", port: int = 0):

@@ -1,9 +1,9 @@
 """Deterministic output text: the simulator "generates" by continuing a shipped English corpus.
 
-A request's output is a walk through the tokenized corpus (``data/kjv_excerpts.txt`` and, when
-shipped, ``data/modern_prose.txt``) that starts at a sentence chosen by hashing the prompt's token
-ids with the sampling seed. So the same prompt and seed give the same text, different prompts give
-different text, and every chunk decodes to readable words.
+A request's output is a walk through the tokenized corpus (the shipped text of ``profiles.corpus``)
+that starts at a sentence chosen by hashing the prompt's token ids with the sampling seed. So the
+same prompt and seed give the same text, different prompts give different text, and every chunk
+decodes to readable words.
 
 Precision effects ("divergence"): with a divergence rate ``d`` > 0, each output position has
 probability ``d`` (drawn from a hash of prompt, seed and the variant's salt) of being where the
@@ -27,9 +27,9 @@ from array import array
 from statistics import NormalDist
 
 from servelab.core.paths import DATA_DIR
+from servelab.profiles.corpus import shipped_texts
 from servelab.sim.server.tokenizer import SimTokenizer, get_tokenizer
 
-CORPUS_FILES = ("kjv_excerpts.txt", "modern_prose.txt")
 NATURAL_MEDIAN_TOKENS = 180
 NATURAL_SIGMA = 0.8
 _SENTENCE_END = (".", "!", "?")
@@ -42,7 +42,9 @@ _ASCII_FOLD = str.maketrans(
 )
 
 
-class Corpus:
+class TokenCorpus:
+    """The shipped text as one sequence of token ids, with the positions where sentences end."""
+
     def __init__(self, tokenizer: SimTokenizer, texts: list[str]):
         paragraphs = []
         for text in texts:
@@ -82,10 +84,8 @@ class Corpus:
 
 
 @functools.lru_cache(maxsize=1)
-def get_corpus() -> Corpus:
-    texts = [(DATA_DIR / name).read_text(encoding="utf-8") for name in CORPUS_FILES
-             if (DATA_DIR / name).exists()]
-    return Corpus(get_tokenizer(), texts)
+def get_corpus() -> TokenCorpus:
+    return TokenCorpus(get_tokenizer(), shipped_texts())
 
 
 def request_key(prompt_ids, sample_seed: int | None) -> bytes:
@@ -107,8 +107,8 @@ class OutputText:
 
     __slots__ = ("corpus", "segments", "eos_pos", "eos_id")
 
-    def __init__(self, corpus: Corpus, key: bytes, max_tokens: int, *, divergence: float = 0.0,
-                 salt: str = "", eos_id: int = 0):
+    def __init__(self, corpus: TokenCorpus, key: bytes, max_tokens: int, *,
+                 divergence: float = 0.0, salt: str = "", eos_id: int = 0):
         self.corpus = corpus
         n = len(corpus)
         # (first output position, corpus position) per segment; a divergence starts a segment.

@@ -3,10 +3,8 @@
 It stands in for the served model's tokenizer. Counts are close to, not equal to, Qwen's or
 Llama's; what matters is that ``/tokenize``, ``usage`` and the engine all count with the same one.
 
-Chat prompts are rendered with a ChatML template (the one Qwen2.5 uses, without its default system
-message), so a chat request is counted as the model would see it::
-
-    <|im_start|>{role}\\n{content}<|im_end|>\\n ... <|im_start|>assistant\\n
+Chat prompts are rendered with the ChatML template (``core.chatml``), so a chat request is
+counted as the model would see it.
 """
 from __future__ import annotations
 
@@ -15,16 +13,11 @@ import functools
 import orjson
 from tokenizers import Tokenizer
 
+from servelab.core.chatml import IM_END, IM_START
 from servelab.core.paths import DATA_DIR
 
 TOKENIZER_PATH = DATA_DIR / "tokenizer.json"
 ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-
-
-class ChatTemplateError(ValueError):
-    """A message list the template cannot render (the server answers 400)."""
 
 
 class SimTokenizer:
@@ -58,40 +51,6 @@ class SimTokenizer:
 
     def token_strs(self, ids) -> list[str]:
         return [self._tok.id_to_token(i) for i in ids]
-
-
-def render_chat(messages, add_generation_prompt: bool = True) -> str:
-    """ChatML rendering of OpenAI-style messages; content may be a string or a list of parts."""
-    if not isinstance(messages, list) or not messages:
-        raise ChatTemplateError("'messages' must be a non-empty list")
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ChatTemplateError(f"messages[{i}] must be an object with a string 'role'")
-        out.append(f"{IM_START}{m['role']}\n{message_text(m.get('content'), i)}{IM_END}\n")
-    if add_generation_prompt:
-        out.append(f"{IM_START}assistant\n")
-    return "".join(out)
-
-
-def message_text(content, index: int = 0) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "text" and isinstance(
-                part.get("text"), str
-            ):
-                parts.append(part["text"])
-            else:
-                raise ChatTemplateError(
-                    f"messages[{index}].content: only text parts are supported by the simulator"
-                )
-        return "\n".join(parts)
-    raise ChatTemplateError(f"messages[{index}].content must be a string or a list of text parts")
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,10 +1,16 @@
-"""Server kinds: one adapter module per LLM server framework (``vllm``, ``sglang``).
+"""Server kinds: one package per LLM server framework (``vllm/``, ``sglang/``), one registry.
 
 A variant names its kind (``server: vllm``, the default); everything that starts, generates,
-checks or reads a server asks ``server_kind(variant.server)``. Adding a framework: write its
-adapter module (command line, image, flags, log and ``/metrics`` grammar) and add it to KINDS.
+checks, simulates or reads a server asks ``server_kind(variant.server)``. A kind's package holds
+all of it: serve flags and checks, log and ``/metrics`` grammar, metric names, the simulator's
+scheduling knobs and the start-up log and ``/metrics`` the simulator writes in its words; its
+``__init__`` names the ``KIND``. Adding a framework is adding its package here: ``KINDS`` finds
+every package under this one, so nothing else is edited.
 """
 from __future__ import annotations
+
+import importlib
+import pkgutil
 
 from servelab.core.errors import ServelabError
 from servelab.specs.server_kinds.kind import (
@@ -13,12 +19,24 @@ from servelab.specs.server_kinds.kind import (
     LinearPath,
     ServerFacts,
     ServerKind,
+    SimDialect,
 )
-from servelab.specs.server_kinds.sglang import SGLANG
-from servelab.specs.server_kinds.vllm import VLLM
 
-KINDS: dict[str, ServerKind] = {VLLM.name: VLLM, SGLANG.name: SGLANG}
-DEFAULT_KIND = VLLM.name
+
+def find_kinds(path=None) -> dict[str, ServerKind]:
+    """Every package under ``path`` (this package's folders) that names a ``KIND``; vLLM first,
+    the default, then by name so messages list them in a fixed order."""
+    found = {}
+    for module in pkgutil.iter_modules(__path__ if path is None else path):
+        if module.ispkg:
+            kind = importlib.import_module(f"{__name__}.{module.name}").KIND
+            found[kind.name] = kind
+    return dict(sorted(found.items(), key=lambda item: (item[0] != "vllm", item[0])))
+
+
+KINDS: dict[str, ServerKind] = find_kinds()
+DEFAULT_KIND = "vllm"
+VLLM, SGLANG = KINDS["vllm"], KINDS["sglang"]
 
 
 def server_kind(name: str = DEFAULT_KIND) -> ServerKind:
@@ -29,4 +47,4 @@ def server_kind(name: str = DEFAULT_KIND) -> ServerKind:
 
 
 __all__ = ["DEFAULT_KIND", "FLAG_CONCEPTS", "KINDS", "LinearPath", "SGLANG", "SPECULATIVE_METHODS",
-           "ServerFacts", "ServerKind", "VLLM", "server_kind"]
+           "ServerFacts", "ServerKind", "SimDialect", "VLLM", "find_kinds", "server_kind"]

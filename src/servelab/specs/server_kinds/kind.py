@@ -2,8 +2,9 @@
 
 A ``ServerKind`` is plain data plus the few functions that differ between frameworks: how its
 command line is spelled, which flags carry the settings servelab reasons about, how its start-up
-log and ``/metrics`` are read. Backends, Compose generation, preflight and verify ask the
-variant's kind instead of assuming vLLM, so adding a framework is one new adapter module.
+log and ``/metrics`` are read, and how the simulator imitates them (``SimDialect``). Backends,
+Compose generation, preflight, verify and the simulator ask the variant's kind instead of assuming
+vLLM, so adding a framework is one new package under ``server_kinds/``.
 """
 from __future__ import annotations
 
@@ -105,6 +106,15 @@ FLAG_CONCEPTS = ("model", "host", "port", "tensor_parallel_size", "pipeline_para
 
 
 @dataclass(frozen=True)
+class SimDialect:
+    """How the simulator's start-up log reads for a kind. Pure text from the engine's config and
+    memory plan (passed in, never imported), so the kind stays below the simulator's layer."""
+    startup_lines: Callable      # (config, plan, seed, version) -> lines
+    format_line: Callable        # (line) -> the printed line, with the kind's prefix
+    ready_line: str | None       # printed once the server listens (None: vLLM prints none)
+
+
+@dataclass(frozen=True)
 class ServerKind:
     name: str                        # the variant's `server:` value
     label: str                       # how messages name it ("vLLM")
@@ -138,6 +148,14 @@ class ServerKind:
     # (serve_args) -> EngineConfig fields where the kind schedules unlike vLLM (block_size as the
     # prefix-match granularity, mixed_prefill_decode, schedule_policy); None: vLLM's defaults.
     scheduling: Callable | None = None
+    # How `servelab sim` writes this kind's start-up log; None: vLLM's (the simulator's own).
+    sim_log: SimDialect | None = None
+    # (the simulator's vLLM-shaped collector) -> a collector writing this kind's /metrics from the
+    # same numbers; None: the simulator's own page (vLLM's names).
+    sim_metrics: Callable | None = None
+    # The server views' canonical names (analysis/38_server_metric_names.sql) -> this kind's
+    # exposed name; a name left out stays NULL in the views for this kind.
+    view_metrics: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = [c for c in FLAG_CONCEPTS if c not in self.flags]

@@ -16,7 +16,11 @@
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2"];
   // [key, title, unit, [[series key, label], ...], source]
   const CHARTS = [
-    ["ttft", "TTFT", "ms", [["ttft_p50_ms", "p50"], ["ttft_p99_ms", "p99"]]],
+    // the server's own account beside it: its spans' engine queue and prefill (when it sends
+    // them: started with --otlp-traces-endpoint)
+    ["ttft", "TTFT and the server's queue and prefill", "ms",
+      [["ttft_p50_ms", "p50"], ["ttft_p99_ms", "p99"], ["span_queue_p50_ms", "engine queue p50"],
+       ["span_prefill_p50_ms", "prefill p50"]]],
     ["itl", "ITL (token view) and TPOT", "ms",
       [["itl_p50_ms", "ITL p50"], ["itl_p99_ms", "ITL p99"], ["tpot_p50_ms", "TPOT p50"]]],
     ["tokens", "Output tokens/s", "tok/s", [["output_tokens_per_s", "output tokens/s"]]],
@@ -177,8 +181,9 @@
     }
   }
 
-  function card(label, value, cls) {
-    const c = el("div", { class: "servelab-card" + (cls ? " " + cls : "") });
+  function card(label, value, cls, attrs) {
+    const c = el("div", Object.assign({ class: "servelab-card" + (cls ? " " + cls : "") },
+                                      attrs || {}));
     c.append(el("div", { class: "servelab-card-value" }, value), el("div", {}, label));
     return c;
   }
@@ -238,6 +243,7 @@
       card("run · state", `${data.run_id || "-"} · ${data.state}`),
       card("stage · users · in flight", `${data.stage ?? "-"} · ${n.users ?? "-"} · ${n.in_flight ?? "-"}`),
       card("TTFT p50 / p99 ms", `${num(n.ttft_p50_ms)} / ${num(n.ttft_p99_ms)}`),
+      phaseCard(data.spans),
       card("ITL p50 / p99 ms", `${num(n.itl_p50_ms)} / ${num(n.itl_p99_ms)}`),
       card("TPOT p50 ms", num(n.tpot_p50_ms)),
       card("output tokens/s", num(n.output_tokens_per_s)),
@@ -269,6 +275,21 @@
       table("Stages", ["stage", "kind", "level", "started", "measured from", "ended"],
         stages.map((s) => [s.stage, s.kind ?? "-", s.level ?? "-", clock(s.started_unix),
           clock(s.measure_start_unix), clock(s.ended_unix)])));
+  }
+
+  // The server's spans of the last window: engine queue and prefill medians (p99 on hover).
+  function phaseCard(sp) {
+    if (!sp || !sp.total)
+      return card("engine queue / prefill p50 ms", "no spans", "",
+        { id: "servelab-phases", "data-spans": "0", title: "the server sends no spans: start " +
+          "it with --otlp-traces-endpoint http://127.0.0.1:PORT/v1/traces and " +
+          "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf (PORT: --otlp-port)" });
+    return card(`engine queue / prefill p50 ms (${sp.spans} spans, 10 s)`,
+      `${num(sp.queue_p50_ms)} / ${num(sp.prefill_p50_ms)}`, "",
+      { id: "servelab-phases", "data-spans": String(sp.spans),
+        "data-queue-p50": sp.queue_p50_ms ?? "", "data-prefill-p50": sp.prefill_p50_ms ?? "",
+        title: `p99: engine queue ${num(sp.queue_p99_ms)} ms, prefill ` +
+          `${num(sp.prefill_p99_ms)} ms; ${sp.total} spans this run` });
   }
 
   const clock = (t) => t ? new Date(t * 1000).toLocaleTimeString() : "-";

@@ -50,6 +50,14 @@ METRICS = {
     "itl": "sglang:inter_token_latency_seconds",
     "e2e_latency": "sglang:e2e_request_latency_seconds",
 }
+# The server views' canonical names -> METRICS. SGLang has no per-draft counters, so the views'
+# spec_* stay NULL for it (sglang:spec_accept_length is its gauge).
+VIEW_METRICS = {view: METRICS[key] for view, key in (
+    ("running", "running"), ("waiting", "waiting"), ("kv_usage", "kv_cache_usage"),
+    ("preemptions_total", "preemptions"), ("prompt_tokens_total", "prompt_tokens"),
+    ("generation_tokens_total", "generation_tokens"),
+    ("prefix_cache_queries_total", "prefix_cache_queries"),
+    ("prefix_cache_hits_total", "prefix_cache_hits"))}
 # SGLang's --speculative-algorithm -> the method names claims use (vLLM's words). NEXTN is
 # DeepSeek's multi-token prediction; STANDALONE a separate draft model.
 SPEC_ALGORITHMS = {"NGRAM": "ngram", "EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp",

@@ -38,6 +38,17 @@ METRICS = {
     "offload_hits": "vllm:external_prefix_cache_hits_total",
     "offload_bytes": "vllm:kv_offload_total_bytes_total",
 }
+# The server views' canonical names (gauges as they are, counters ending _total) -> METRICS.
+VIEW_METRICS = {view: METRICS[key] for view, key in (
+    ("running", "running"), ("waiting", "waiting"), ("kv_usage", "kv_cache_usage"),
+    ("kv_usage_legacy", "kv_cache_usage_legacy"), ("preemptions_total", "preemptions"),
+    ("prompt_tokens_total", "prompt_tokens"), ("generation_tokens_total", "generation_tokens"),
+    ("prefix_cache_queries_total", "prefix_cache_queries"),
+    ("prefix_cache_hits_total", "prefix_cache_hits"), ("spec_drafts_total", "spec_drafts"),
+    ("spec_draft_tokens_total", "spec_draft_tokens"),
+    ("spec_accepted_tokens_total", "spec_accepted_tokens"),
+    ("offload_queries_total", "offload_queries"), ("offload_hits_total", "offload_hits"),
+    ("offload_bytes_total", "offload_bytes"))}
 # Linear-layer kernels that run 4-bit weights with 16-bit activations (W4A16).
 INT4_KERNELS = ("MarlinLinearKernel", "MacheteLinearKernel", "AllSparkLinearKernel",
                 "ConchLinearKernel", "ExllamaLinearKernel", "BitBLASLinearKernel",
@@ -48,7 +59,9 @@ _CONVERTIBLE = re.compile(r"The model is convertible to (\w+) during runtime\. U
 _FORCED = re.compile(r"Detected that the model can run with (\w+), however you specified "
                      r"quantization=(\w+) explicitly, so forcing (\w+)")
 _ENGINE = re.compile(r"Initializing an? (?:V1 )?LLM engine \(v?([^)]+)\) with config: (.*)$")
-_API_VERSION = re.compile(r"vLLM API server version (\S+)")
+# The API server's version: "vLLM API server version X" (before 0.26), "vLLM server version X,
+# serving model M" (0.26+, logo off) or the logo's "█ ▀▄▀ █  version X" (0.26+, the default).
+_API_VERSION = re.compile(r"(?:vLLM (?:API )?server version|▀▄▀ █\s+version) (\S+?),?(?:\s|$)")
 _KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _AVAILABLE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")

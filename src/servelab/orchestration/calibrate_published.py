@@ -1,6 +1,8 @@
-"""Calibration against published vLLM measurements (docs/simulator.md prints this table).
+"""The simulator's defaults against published vLLM measurements (docs/simulator.md prints
+this table): a benchmark of the engine, not part of it; ``servelab calibrate``
+(``orchestration.calibrate``) fits coefficients to probes of a live server instead.
 
-``python -m servelab.sim.engine.calibration`` reruns every comparison in virtual time.
+``python -m servelab.orchestration.calibrate_published`` reruns every comparison in virtual time.
 
 Workload assumption for "chatbot-short" (the source does not publish its lengths): closed loop,
 no think time, prompts uniform in 256..1024 tokens and outputs uniform in 16..112 tokens

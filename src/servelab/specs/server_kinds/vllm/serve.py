@@ -1,4 +1,5 @@
-"""vLLM as a server kind: ``vllm serve MODEL ARGS``, the official image, its flags and grammar.
+"""vLLM as a server kind: ``vllm serve MODEL ARGS``, the official image, its flags; the grammar
+is ``log``, the releases ``versions``, the simulator's start-up log ``sim_log``.
 
 The simulator speaks the same dialect (it reads these flags with ``specs.serve_args`` and writes a
 vLLM-shaped log and ``/metrics``), so a variant with ``server: vllm`` runs on either.
@@ -8,8 +9,10 @@ from __future__ import annotations
 import json
 
 from servelab.specs.serve_args import FLAG_ALIASES
-from servelab.specs.server_kinds import vllm_log
-from servelab.specs.server_kinds.kind import SPECULATIVE_METHODS, ServerKind, is_model_ref
+from servelab.specs.server_kinds.kind import SPECULATIVE_METHODS, ServerKind, SimDialect, is_model_ref
+from servelab.specs.server_kinds.vllm import log as vllm_log
+from servelab.specs.server_kinds.vllm import sim_log
+from servelab.specs.server_kinds.vllm import versions as vllm_versions
 
 # vLLM's --quantization choices that servelab knows how to reason about; others are refused so a
 # typo does not silently serve the unquantized model.
@@ -92,7 +95,8 @@ def speculative(args: dict) -> dict | None:
 VLLM = ServerKind(
     name="vllm", label="vLLM", command=("vllm", "serve"),
     install_hint="pip install 'servelab[vllm]' on a GPU host",
-    image="${VLLM_IMAGE:-vllm/vllm-openai:v0.28.0}",
+    # The newest release servelab measured on a real GPU: a default nobody ran would be a guess.
+    image="${VLLM_IMAGE:-vllm/vllm-openai:v" + vllm_versions.MEASURED_ON_H200[-1] + "}",
     image_entrypoint=("vllm", "serve"),  # the official image's ENTRYPOINT
     health_path="/health", reset_prefix_cache_path="/reset_prefix_cache",
     # Dev mode serves POST /reset_prefix_cache, so one variant's cache never favours the next run.
@@ -104,9 +108,12 @@ VLLM = ServerKind(
            "max_model_len": "--max-model-len", "memory_utilization": "--gpu-memory-utilization",
            "speculative_config": "--speculative-config"},
     flag_aliases=FLAG_ALIASES, model_positional=True,
-    memory_utilization_default=0.92,  # vLLM 0.26 (captured log); serve_args.ServeArgs agrees
+    # vLLM 0.26 (captured log) through 0.33 (config/cache.py); serve_args.ServeArgs agrees
+    memory_utilization_default=vllm_versions.release(vllm_versions.CURRENT).gpu_memory_utilization,
     memory_refusal="free memory on device is less than desired GPU memory utilization",
-    metrics=vllm_log.METRICS, check_args=check_args, parse_log=vllm_log.parse_log,
+    metrics=vllm_log.METRICS, view_metrics=vllm_log.VIEW_METRICS, check_args=check_args,
+    parse_log=vllm_log.parse_log,
     parse_metrics=vllm_log.parse_metrics, linear_path=vllm_log.linear_path,
     speculative=speculative,
+    sim_log=SimDialect(sim_log.startup_lines, sim_log.format_line, None),
 )

@@ -1,6 +1,6 @@
 """SGLang's start-up log for a simulated server serving an SGLang variant, in SGLang's words.
 
-``servelab verify`` reads an SGLang log with ``specs.server_kinds.sglang_log``; the simulator
+``servelab verify`` reads an SGLang log with ``specs.server_kinds.sglang.log``; the simulator
 writes the lines that grammar reads, in the order and wording of SGLang 0.5.21's source
 (entrypoints/engine.py ``server_args=``, model_executor/model_runner.py ``Load weight end.``,
 mem_cache/memory_pool.py ``KV Cache is allocated.``, managers/scheduler.py
@@ -11,10 +11,13 @@ level, as SGLang's format has none. The sizes are the simulator's memory plan, n
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from servelab.sim.engine.kv_sizing import KVPlan
-from servelab.specs.engine_config import EngineConfig
-from servelab.specs.server_kinds import sglang_log
+from servelab.specs.server_kinds.sglang import log as sglang_log
+
+if TYPE_CHECKING:  # the simulator hands these in; the kind does not depend on it
+    from servelab.sim.engine.kv_sizing import KVPlan
+    from servelab.specs.engine_config import EngineConfig
 
 READY_LINE = sglang_log.READY_LINE
 MAX_PREFILL_TOKENS = 16384  # arg_groups/fields/schedule.py --max-prefill-tokens default

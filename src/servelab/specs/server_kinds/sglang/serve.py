@@ -24,12 +24,15 @@ Facts from SGLang's own source, release 0.5.21 (the PyPI wheel sglang-0.5.21; th
     to fcfs while more than 128 requests wait; model_runner.py: the default
     --max-running-requests. (schedule.py read at sgl-project/sglang commit 001b88623b1d, not
     in the 0.5.21 wheel itself: to be checked against it with the real-GPU captures.)
-The log and /metrics grammar is ``sglang_log``.
+The log and /metrics grammar is ``log``; what the simulator writes in SGLang's words is ``sim_log``
+and ``sim_metrics``.
 """
 from __future__ import annotations
 
-from servelab.specs.server_kinds import sglang_log
-from servelab.specs.server_kinds.kind import ServerKind, is_model_ref, parse_flags
+from servelab.specs.server_kinds.kind import ServerKind, SimDialect, is_model_ref, parse_flags
+from servelab.specs.server_kinds.sglang import log as sglang_log
+from servelab.specs.server_kinds.sglang import sim_log
+from servelab.specs.server_kinds.sglang.sim_metrics import SglangMetrics
 
 VERSION = "0.5.21"
 # QUANTIZATION_CHOICES of 0.5.21 that name a method for a dense model servelab reasons about.
@@ -258,9 +261,14 @@ SGLANG = ServerKind(
     flag_aliases=ALIASES, model_positional=False,
     memory_utilization_default=SGLANG_MEMORY_DEFAULT,
     memory_refusal="Not enough memory. Please try to increase --mem-fraction-static",
-    metrics=sglang_log.METRICS, check_args=check_args, parse_log=sglang_log.parse_log,
+    metrics=sglang_log.METRICS, view_metrics=sglang_log.VIEW_METRICS, check_args=check_args,
+    parse_log=sglang_log.parse_log,
     parse_metrics=sglang_log.parse_metrics, linear_path=sglang_log.linear_path,
     speculative=speculative, required_args=("--enable-metrics",), engine_args=engine_args,
     memory_from_free=True,  # mem_cache/kv_cache_configurator.py _profile_available_bytes
     scheduling=scheduling,
+    sim_log=SimDialect(lambda config, plan, seed=0, version=None:
+                       sim_log.startup_lines(config, plan, seed),
+                       sim_log.format_line, sim_log.READY_LINE),
+    sim_metrics=SglangMetrics,
 )

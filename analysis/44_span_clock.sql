@@ -1,0 +1,39 @@
+-- span_clock: the clock offset theta between the server of a run and its client (server clock -
+-- client clock, ms), one row per run with joined spans; every phase of request_phases uses it.
+--   fwd_min_ms = min over joined requests of 1000*(span start - sent_unix)   (>= theta)
+--   bwd_min_ms = min of 1000*(last_token_unix - server last output)          (>= -theta)
+--     where server last output = span start + e2e_s (end_unix when e2e_s is missing).
+--   same host (the run's target is 127.0.0.1, localhost or [::1]) and 0 within
+--     [-bwd_min_ms, fwd_min_ms]: theta = 0, clock_offset_source 'same_host';
+--   else theta = (fwd_min_ms - bwd_min_ms) / 2 (NTP's midpoint of the smallest delays each
+--     way), 'min_delay_midpoint', within [clock_offset_lo_ms, clock_offset_hi_ms] =
+--     [-bwd_min_ms, fwd_min_ms]. Columns clock_offset_ms, _lo_ms, _hi_ms, _source on every row.
+CREATE OR REPLACE VIEW span_clock AS
+WITH firsts AS (
+    SELECT * FROM server_spans
+    WHERE request_id IS NOT NULL
+    QUALIFY row_number() OVER (PARTITION BY run_id, request_id
+                               ORDER BY received_unix, start_unix) = 1
+),
+delays AS (
+    SELECT s.run_id,
+        min(1000 * (s.start_unix - r.sent_unix)) AS fwd_min_ms,
+        min(1000 * (r.last_token_unix - coalesce(s.start_unix + s.e2e_s, s.end_unix)))
+            AS bwd_min_ms,
+        count(*) AS joined
+    FROM firsts s
+    JOIN requests r ON r.run_id = s.run_id AND r.request_id = s.request_id
+    WHERE r.sent_unix IS NOT NULL AND r.last_token_unix IS NOT NULL
+    GROUP BY s.run_id
+)
+SELECT d.run_id, d.joined, d.fwd_min_ms, d.bwd_min_ms,
+    -d.bwd_min_ms AS clock_offset_lo_ms,
+    d.fwd_min_ms AS clock_offset_hi_ms,
+    CASE WHEN loopback AND 0 BETWEEN -d.bwd_min_ms AND d.fwd_min_ms THEN 0.0
+         ELSE (d.fwd_min_ms - d.bwd_min_ms) / 2 END AS clock_offset_ms,
+    CASE WHEN loopback AND 0 BETWEEN -d.bwd_min_ms AND d.fwd_min_ms THEN 'same_host'
+         ELSE 'min_delay_midpoint' END AS clock_offset_source
+FROM delays d
+LEFT JOIN (SELECT run_id, regexp_matches(coalesce(target, ''),
+                  '^[a-z]+://(127\.0\.0\.1|localhost|\[::1\])(:[0-9]+)?(/|$)') AS loopback
+           FROM runs) t USING (run_id);

@@ -1,0 +1,6 @@
+"""SGLang as a server kind, in one package: its serve flags, checks, memory rule and scheduling
+knobs (``serve``), its start-up log and ``/metrics`` grammar (``log``), and what the simulator
+writes in its words (``sim_log``, ``sim_metrics``)."""
+from servelab.specs.server_kinds.sglang.serve import SGLANG
+
+KIND = SGLANG
