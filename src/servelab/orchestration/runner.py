@@ -18,7 +18,7 @@ from pathlib import Path
 from servelab.core import credentials, timeouts
 from servelab.core.errors import ServelabError
 from servelab.core.procs import Child, free_port, log_tail, spawn
-from servelab.orchestration import server_telemetry
+from servelab.orchestration import otlp, server_telemetry
 from servelab.store.spool import check_id
 
 
@@ -214,15 +214,11 @@ def check_target(target: str) -> None:
                         "use the simulator")
 
 
-def otlp_endpoint(port: int) -> str:
-    return f"http://127.0.0.1:{port}/v1/traces"
-
-
 def otlp_server_flags(port: int) -> str:
     """What a vLLM server needs to send its spans to the master's receiver on ``port``."""
-    return (f"--otlp-traces-endpoint {otlp_endpoint(port)} and the environment "
-            f"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf (OTEL_BSP_SCHEDULE_DELAY=500 "
-            f"sends them every 0.5 s; servelab run --otlp-port {port} keeps this port)")
+    env = " ".join(f"{k}={v}" for k, v in otlp.SERVER_ENV.items())
+    return (f"{otlp.FLAG} {otlp.endpoint(port)} and the environment {env} (a batch every "
+            f"0.5 s; servelab run --otlp-port {port} keeps this port)")
 
 
 def start_simulator(opt: RunOptions, logs: Path) -> tuple[Child, str]:
@@ -231,7 +227,7 @@ def start_simulator(opt: RunOptions, logs: Path) -> tuple[Child, str]:
     cmd = [sys.executable, "-m", "servelab.commands.sim", "--port", "0",
            "--ready-file", str(logs / "sim.ready"), "--enable-logging-iteration-details"]
     if opt.otlp_port:
-        cmd += ["--otlp-traces-endpoint", otlp_endpoint(opt.otlp_port)]
+        cmd += [otlp.FLAG, otlp.endpoint(opt.otlp_port)]
     for flag, value in (("--variant", opt.variant), ("--hardware", opt.hardware),
                         ("--faults", opt.faults)):
         if value:
@@ -240,8 +236,7 @@ def start_simulator(opt: RunOptions, logs: Path) -> tuple[Child, str]:
         cmd += ["--seed", str(opt.seed)]
     # The simulator asks for the run's key as vLLM would (VLLM_API_KEY, never its command line);
     # without one it asks for none, whatever this shell's VLLM_API_KEY says.
-    env = dict(os.environ, VLLM_API_KEY=credentials.current().api_key or "",
-               OTEL_EXPORTER_OTLP_TRACES_PROTOCOL="http/protobuf")
+    env = dict(os.environ, **otlp.SERVER_ENV, VLLM_API_KEY=credentials.current().api_key or "")
     sim = spawn("the simulator", cmd, logs / "sim.log", env=env, ready_file=logs / "sim.ready",
                 parent_death_signal=signal.SIGTERM)
     return sim, sim.wait_ready(timeouts.SIM_READY_S).rstrip("/")
