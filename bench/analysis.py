@@ -47,6 +47,13 @@ def build(con: duckdb.DuckDBPyConnection, n: int, chunks: int, runs: int = 1) ->
     run_s = STAGES * STAGE_S
     run_id = "'bench'" if runs == 1 else "printf('bench%02d', r)"
     con.execute(SCHEMA.read_text())
+    _insert_runs(con, runs, run_id, run_s)
+    con.execute(_requests_sql(n, chunks, runs, run_id, per_run, per_stage, run_s))
+    con.execute("CHECKPOINT")
+
+
+def _insert_runs(con: duckdb.DuckDBPyConnection, runs: int, run_id: str, run_s: float) -> None:
+    """The runs, their two classes and their stages."""
     con.execute(
         f"INSERT INTO runs (run_id, started_unix, finished_unix, profile_name, load_kind, target, variant, "
         f"gpus, status, flags) SELECT {run_id}, {T0} + r * {run_s}, {T0} + (r + 1) * {run_s}, 'bench', "
@@ -61,11 +68,14 @@ def build(con: duckdb.DuckDBPyConnection, n: int, chunks: int, runs: int = 1) ->
         FROM (SELECT r, s, {T0} + r * {run_s} + s * {STAGE_S} AS T0
               FROM range({runs}) t(r), range({STAGES}) u(s))"""
     )
+
+
+def _requests_sql(n: int, chunks: int, runs: int, run_id: str, per_run: int, per_stage: int,
+                  run_s: float) -> str:
     # Each request: TTFT 40..440 ms (+ stage load), a base decode gap of 8..28 ms, per-chunk jitter
     # within +-25 % of the gap, a 150 ms stall at a random chunk for 1 request in 10, and
     # speculative decoding (1..4 tokens per chunk) on one request in four. 1 % fail.
-    con.execute(
-        f"""
+    return f"""
         INSERT INTO requests (run_id, request_id, worker, worker_seq, class_name, stage, level, warmup,
             scheduled_unix, sent_unix, first_token_unix, last_token_unix, done_unix, ttft_ms, e2e_ms,
             chunk_offsets_ms, chunk_tokens, prompt_tokens_target, prompt_tokens, output_tokens_target,
@@ -119,8 +129,6 @@ def build(con: duckdb.DuckDBPyConnection, n: int, chunks: int, runs: int = 1) ->
             NULL, NULL, NULL, NULL
         FROM l
         """
-    )
-    con.execute("CHECKPOINT")
 
 
 PERCENTILES = ("p50_ms", "p90_ms", "p95_ms", "p99_ms")
@@ -228,6 +236,42 @@ def cell(m: dict | None) -> str:
 
 
 def main() -> int:
+    args = _arguments()
+    if args.measure:
+        return measure(args)
+
+    tmp = tempfile.TemporaryDirectory(prefix="servelab-bench-")
+    path = args.keep or Path(tmp.name) / "bench.duckdb"
+    steps = [] if args.keep and args.reuse and path.exists() else _generate(args, path)
+    old = baseline_views(args.baseline, Path(tmp.name) / "baseline") if args.baseline else None
+    with duckdb.connect(str(path), read_only=True) as con:
+        threads = con.execute("SELECT current_setting('threads')").fetchone()[0] if not args.threads else args.threads
+        total = con.execute("SELECT count(*) FROM requests").fetchone()[0]
+        run_ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+
+    queries = _queries(run_ids, args.sketch_only)
+    measured = []
+    for label, sql in queries:
+        before = child(args, path, sql, old) if old and sql != "compare_runs" else None
+        after = child(args, path, sql, None)
+        measured.append((label, before, after))
+
+    size = os.path.getsize(path)
+    print(f"bench/analysis.py: {total:,} requests x {args.chunks} chunks in {len(run_ids)} runs, DuckDB "
+          f"{duckdb.__version__}, threads={threads}, memory_limit={args.memory_limit}, cpus={os.cpu_count()}")
+    for label, seconds in steps:
+        print(f"{label:<48} {seconds:>9.2f} s")
+    print(f"{'database size':<48} {size / 2**20:>9.1f} MiB ({path if args.keep else 'temporary'})")
+    _print_timings(args, measured, old, queries)
+    if old:
+        print(same_figures(path, old, args.baseline))
+    if not args.sketch_only:
+        _print_sketch_errors(path)
+    tmp.cleanup()
+    return 0
+
+
+def _arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=1_000_000)
     ap.add_argument("--chunks", type=int, default=256)
@@ -242,34 +286,30 @@ def main() -> int:
     ap.add_argument("--measure", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--sql", help=argparse.SUPPRESS)
     ap.add_argument("--views", type=Path, help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.measure:
-        return measure(args)
+    return ap.parse_args()
 
-    tmp = tempfile.TemporaryDirectory(prefix="servelab-bench-")
-    path = args.keep or Path(tmp.name) / "bench.duckdb"
+
+def _generate(args, path: Path) -> list[tuple[str, float]]:
+    """A fresh database at ``path``, views installed; the seconds each step took."""
     steps = []
-    if not (args.keep and args.reuse and path.exists()):
-        if path.exists():
-            path.unlink()
-        con = duckdb.connect(str(path))
-        if args.threads:
-            con.execute(f"SET threads = {args.threads}")
-        con.execute(f"SET memory_limit = '{args.memory_limit}'")
-        start = time.perf_counter()
-        build(con, args.requests, args.chunks, args.runs)
-        steps.append(("generate requests (DuckDB SQL) + checkpoint", time.perf_counter() - start))
-        start = time.perf_counter()
-        install_views(con)
-        con.execute("CHECKPOINT")
-        steps.append(("install_views (+ fill chunk scalars, sketches)", time.perf_counter() - start))
-        con.close()
-    old = baseline_views(args.baseline, Path(tmp.name) / "baseline") if args.baseline else None
-    with duckdb.connect(str(path), read_only=True) as con:
-        threads = con.execute("SELECT current_setting('threads')").fetchone()[0] if not args.threads else args.threads
-        total = con.execute("SELECT count(*) FROM requests").fetchone()[0]
-        run_ids = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+    if path.exists():
+        path.unlink()
+    con = duckdb.connect(str(path))
+    if args.threads:
+        con.execute(f"SET threads = {args.threads}")
+    con.execute(f"SET memory_limit = '{args.memory_limit}'")
+    start = time.perf_counter()
+    build(con, args.requests, args.chunks, args.runs)
+    steps.append(("generate requests (DuckDB SQL) + checkpoint", time.perf_counter() - start))
+    start = time.perf_counter()
+    install_views(con)
+    con.execute("CHECKPOINT")
+    steps.append(("install_views (+ fill chunk scalars, sketches)", time.perf_counter() - start))
+    con.close()
+    return steps
 
+
+def _queries(run_ids: list[str], sketch_only: bool) -> list[tuple[str, str]]:
     one = run_ids[0]
     queries = [
         ("stage_summary (all rows, every column)", "SELECT * FROM stage_summary"),
@@ -284,20 +324,10 @@ def main() -> int:
         ("itl_chunks: count", "SELECT count(*) FROM itl_chunks"),
         ("itl_tokens: count", "SELECT count(*) FROM itl_tokens"),
     ]
-    if args.sketch_only:
-        queries = queries[:6]
-    measured = []
-    for label, sql in queries:
-        before = child(args, path, sql, old) if old and sql != "compare_runs" else None
-        after = child(args, path, sql, None)
-        measured.append((label, before, after))
+    return queries[:6] if sketch_only else queries
 
-    size = os.path.getsize(path)
-    print(f"bench/analysis.py: {total:,} requests x {args.chunks} chunks in {len(run_ids)} runs, DuckDB "
-          f"{duckdb.__version__}, threads={threads}, memory_limit={args.memory_limit}, cpus={os.cpu_count()}")
-    for label, seconds in steps:
-        print(f"{label:<48} {seconds:>9.2f} s")
-    print(f"{'database size':<48} {size / 2**20:>9.1f} MiB ({path if args.keep else 'temporary'})")
+
+def _print_timings(args, measured: list, old, queries: list[tuple[str, str]]) -> None:
     print("each query in a process of its own: wall seconds, peak RSS of that process")
     head = f"{'query':<48} {('before (' + args.baseline + ')') if old else '':>18} {'after (this tree)':>18}"
     print(head + ("   after/before" if old else ""))
@@ -315,18 +345,16 @@ def main() -> int:
     if "seconds" in floor and "seconds" in command:
         print(f"servelab compare / stage_summary (all rows): {command['seconds'] / floor['seconds']:.2f}x time, "
               f"{command['seconds'] - floor['seconds']:+.2f} s beyond the view; peak {command['peak_gib']:.2f} GiB")
-    if old:
-        print(same_figures(path, old, args.baseline))
-    if not args.sketch_only:
-        with duckdb.connect(str(path), read_only=True) as con:
-            errors = max_errors(con)
-        print("largest relative error, sketched vs exact ITL percentile (bound: 1%), over every "
-              "run x stage x class:")
-        print(f"{'view':<8}" + "".join(f"{q:>10}" for q in PERCENTILES))
-        for view, errs in errors.items():
-            print(f"{view:<8}" + "".join(f"{100 * e:>9.4f}%" for e in errs))
-    tmp.cleanup()
-    return 0
+
+
+def _print_sketch_errors(path: Path) -> None:
+    with duckdb.connect(str(path), read_only=True) as con:
+        errors = max_errors(con)
+    print("largest relative error, sketched vs exact ITL percentile (bound: 1%), over every "
+          "run x stage x class:")
+    print(f"{'view':<8}" + "".join(f"{q:>10}" for q in PERCENTILES))
+    for view, errs in errors.items():
+        print(f"{view:<8}" + "".join(f"{100 * e:>9.4f}%" for e in errs))
 
 
 if __name__ == "__main__":

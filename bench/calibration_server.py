@@ -251,30 +251,7 @@ class CalibrationProtocol(asyncio.Protocol):
     def handle(self, method, path, headers, body):
         s = self.settings
         if method == "GET":
-            if path == "/health":
-                return self.respond(200, b"")
-            if path == "/calib/requests":
-                # {request id: [arrival, send time of each content chunk]} (Unix s), then cleared
-                records, s.records = s.records, {}
-                return self.respond(200, orjson.dumps(records))
-            if path == "/v1/models":
-                return self.respond(200, orjson.dumps({"object": "list", "data": [
-                    {"id": s.model, "object": "model", "owned_by": "servelab"}]}))
-            if path == "/metrics" and s.metrics_body is not None:
-                # a page that is no Prometheus text (a gateway's JSON, a login page)
-                return self.respond(200, s.metrics_body.encode(), b"application/json")
-            if path == "/metrics" and s.metrics:
-                text = ("# HELP calib_requests_total Requests served.\n"
-                        "# TYPE calib_requests_total counter\n"
-                        f'calib_requests_total{{model_name="{s.model}"}} {s.served}\n'
-                        "# HELP calib_chunks_total Content chunks sent.\n"
-                        "# TYPE calib_chunks_total counter\n"
-                        f"calib_chunks_total {s.chunks}\n"
-                        "# HELP calib_rejected_total Requests refused for continuous_usage_stats.\n"
-                        "# TYPE calib_rejected_total counter\n"
-                        f"calib_rejected_total {s.rejected}\n")
-                return self.respond(200, text.encode(), b"text/plain; version=0.0.4")
-            return self.error(404, f"no route {path}")
+            return self._get(path)
         kind = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}.get(path)
         if method != "POST" or kind is None:
             return self.error(404, f"no route {method} {path}")
@@ -311,6 +288,34 @@ class CalibrationProtocol(asyncio.Protocol):
                           "total_tokens": n_prompt + n_out}}))
         _Stream(self, kind, rid, n_out, n_prompt, bool(opts.get("continuous_usage_stats")),
                 bool(opts.get("include_usage")), fault).start(self.loop.time())
+
+
+    def _get(self, path):
+        s = self.settings
+        if path == "/health":
+            return self.respond(200, b"")
+        if path == "/calib/requests":
+            # {request id: [arrival, send time of each content chunk]} (Unix s), then cleared
+            records, s.records = s.records, {}
+            return self.respond(200, orjson.dumps(records))
+        if path == "/v1/models":
+            return self.respond(200, orjson.dumps({"object": "list", "data": [
+                {"id": s.model, "object": "model", "owned_by": "servelab"}]}))
+        if path == "/metrics" and s.metrics_body is not None:
+            # a page that is no Prometheus text (a gateway's JSON, a login page)
+            return self.respond(200, s.metrics_body.encode(), b"application/json")
+        if path == "/metrics" and s.metrics:
+            text = ("# HELP calib_requests_total Requests served.\n"
+                    "# TYPE calib_requests_total counter\n"
+                    f'calib_requests_total{{model_name="{s.model}"}} {s.served}\n'
+                    "# HELP calib_chunks_total Content chunks sent.\n"
+                    "# TYPE calib_chunks_total counter\n"
+                    f"calib_chunks_total {s.chunks}\n"
+                    "# HELP calib_rejected_total Requests refused for continuous_usage_stats.\n"
+                    "# TYPE calib_rejected_total counter\n"
+                    f"calib_rejected_total {s.rejected}\n")
+            return self.respond(200, text.encode(), b"text/plain; version=0.0.4")
+        return self.error(404, f"no route {path}")
 
 
 def _serve(sock: socket.socket, settings: Settings):

@@ -171,19 +171,23 @@ def main(argv=None) -> int:
                     line(level, m["requests"], p, m)
         print(f"\n* outside its target: {tally[0]} of {tally[1]} cells")
     if len(variants) == 2:
-        a, b = variants
-        print(f"\nwinner per level, predicted | measured ({a} vs {b}):")
-        for c in levels:
-            if (a, c) not in rows or (b, c) not in rows:
-                continue
-            (pa, ma), (pb, mb) = rows[a, c], rows[b, c]
-            say = []
-            for k, better in (("ttft_p50", min), ("tpot_p50", min), ("tok_s", max)):
-                wp = a if better(pa[k], pb[k]) == pa[k] else b
-                wm = a if better(ma[k], mb[k]) == ma[k] else b
-                say.append(f"{k} {wp} | {wm}{'' if wp == wm else ' (differs)'}")
-            print(f"  c={c:<4} " + "; ".join(say))
+        print_winners(*variants, levels, rows)
     return 0
+
+
+def print_winners(a: str, b: str, levels: list[int], rows: dict) -> None:
+    """Per level, which of two variants wins each figure, predicted | measured."""
+    print(f"\nwinner per level, predicted | measured ({a} vs {b}):")
+    for c in levels:
+        if (a, c) not in rows or (b, c) not in rows:
+            continue
+        (pa, ma), (pb, mb) = rows[a, c], rows[b, c]
+        say = []
+        for k, better in (("ttft_p50", min), ("tpot_p50", min), ("tok_s", max)):
+            wp = a if better(pa[k], pb[k]) == pa[k] else b
+            wm = a if better(ma[k], mb[k]) == ma[k] else b
+            say.append(f"{k} {wp} | {wm}{'' if wp == wm else ' (differs)'}")
+        print(f"  c={c:<4} " + "; ".join(say))
 
 
 if __name__ == "__main__":

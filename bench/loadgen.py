@@ -68,24 +68,9 @@ def reference(url: str, groups: list[int], warmup_s: float, hold_s: float, token
     concurrency = sum(groups)
     start = t0 + len(groups) - 1 + warmup_s
     stop = start + hold_s
-    firsts, chunks, count = {}, 0, [0]
+    firsts, chunks = {}, 0
     streams = {}
-
-    def send(s, st):
-        count[0] += 1
-        rid = f"ref-{count[0]}"
-        st[:] = [wall(), rid, False, b""]
-        s.send(request(rid))
-
-    def spawn(n):
-        for _ in range(n):
-            s = socket.create_connection((host, int(port)))
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.setblocking(False)
-            streams[s] = []
-            sel.register(s, selectors.EVENT_READ)
-            send(s, streams[s])
-
+    send, spawn = _reference_senders(host, int(port), request, sel, streams)
     cpu0 = None
     pending, next_spawn = list(groups), t0
     while True:
@@ -118,6 +103,30 @@ def reference(url: str, groups: list[int], warmup_s: float, hold_s: float, token
     cpu = r.ru_utime + r.ru_stime - cpu0
     return {"chunks": chunks, "cpu_s": cpu, "us_per_chunk": 1e6 * cpu / max(chunks, 1),
             "firsts": firsts}
+
+
+def _reference_senders(host: str, port: int, request, sel, streams: dict):
+    """send(sock, state): the stream's next request, numbered; spawn(n): n new streams in
+    ``streams`` (socket -> [sent, request id, first content seen, the body's last bytes])."""
+    wall = time.time
+    count = [0]
+
+    def send(s, st):
+        count[0] += 1
+        rid = f"ref-{count[0]}"
+        st[:] = [wall(), rid, False, b""]
+        s.send(request(rid))
+
+    def spawn(n):
+        for _ in range(n):
+            s = socket.create_connection((host, port))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.setblocking(False)
+            streams[s] = []
+            sel.register(s, selectors.EVENT_READ)
+            send(s, streams[s])
+
+    return send, spawn
 
 
 def _requests(tokens: str, seed: int):
@@ -409,6 +418,35 @@ def print_workload(levels: list[int], tokens: str, res: dict, repeat: str) -> di
 
 
 def main() -> int:
+    args = _arguments()
+    if args.client:
+        client = reference if args.client == "reference" else gevent_reference
+        print(json.dumps(client(args.url, [int(x) for x in args.groups.split(",")],
+                                args.warmup, args.hold, args.lengths)))
+        return 0
+    levels = [int(x) for x in args.levels.split(",")]
+    workloads, chosen = _workloads(args)
+    tmp = Path(tempfile.mkdtemp(prefix="servelab-bench-"))
+    server, url = start_server(tmp, args)
+    print(f"load generator cost: calibration server TTFT {args.ttft_ms:g} ms, ITL "
+          f"{args.itl_ms:g} ms; {os.cpu_count()} CPUs; servelab = 1 Locust worker process "
+          f"(and a master), everything recorded; reference = one raw-socket process; "
+          f"streams start in the groups Locust starts users in")
+    summary = []
+    try:
+        for rep in range(args.repeat):
+            for w in chosen:
+                res = run_workload(tmp, url, levels, workloads[w], args, f"{w}-{rep + 1}")
+                tag = f", run {rep + 1} of {args.repeat}" if args.repeat > 1 else ""
+                summary.append((w, rep + 1, print_workload(levels, workloads[w], res, tag)))
+    finally:
+        server.stop(10)
+    _print_summary(summary, workloads, args.floor)
+    print(f"files in {tmp}")
+    return 0
+
+
+def _arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--levels", default="32,64,128,256,384")
     ap.add_argument("--warmup", type=float, default=2.0)
@@ -427,52 +465,36 @@ def main() -> int:
     ap.add_argument("--url", help=argparse.SUPPRESS)
     ap.add_argument("--groups", help=argparse.SUPPRESS)
     ap.add_argument("--lengths", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.client:
-        client = reference if args.client == "reference" else gevent_reference
-        print(json.dumps(client(args.url, [int(x) for x in args.groups.split(",")],
-                                args.warmup, args.hold, args.lengths)))
-        return 0
-    levels = [int(x) for x in args.levels.split(",")]
+    return ap.parse_args()
+
+
+def _workloads(args) -> tuple[dict[str, str], list[str]]:
+    """Each workload's lengths (``N`` or ``LO-HI``), and the ones --workloads chose."""
     workloads = {"fixed": str(args.tokens),
                  "varied": f"{args.tokens // 2}-{args.tokens * 3 // 2}"}
     chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = [w for w in chosen if w not in workloads]
     if unknown:
         raise SystemExit(f"--workloads: found {', '.join(unknown)}; allowed fixed, varied")
-    tmp = Path(tempfile.mkdtemp(prefix="servelab-bench-"))
-    server, url = start_server(tmp, args)
-    print(f"load generator cost: calibration server TTFT {args.ttft_ms:g} ms, ITL "
-          f"{args.itl_ms:g} ms; {os.cpu_count()} CPUs; servelab = 1 Locust worker process "
-          f"(and a master), everything recorded; reference = one raw-socket process; "
-          f"streams start in the groups Locust starts users in")
-    summary = []
-    try:
-        for rep in range(args.repeat):
-            for w in chosen:
-                res = run_workload(tmp, url, levels, workloads[w], args, f"{w}-{rep + 1}")
-                tag = f", run {rep + 1} of {args.repeat}" if args.repeat > 1 else ""
-                summary.append((w, rep + 1, print_workload(levels, workloads[w], res, tag)))
-    finally:
-        server.stop(10)
+    return workloads, chosen
 
+
+def _print_summary(summary: list, workloads: dict[str, str], floor: bool) -> None:
     def rng(values):
         values = [v for v in values if v is not None]
         return f"{min(values):.1f}-{max(values):.1f}" if values else "-"
 
     print("\nsummary (CPU us/chunk at 128 streams and up)")
     print("workload | run | load avg before/after | CPU us/chunk ref | servelab | streams held "
-          "(TTFT p99) | (client-added TTFT p99)" + (" | gevent floor us/chunk" if args.floor
+          "(TTFT p99) | (client-added TTFT p99)" + (" | gevent floor us/chunk" if floor
                                                     else ""))
     print("-------- | --- | --------------------- | ---------------- | -------- | ------------ "
-          "| ------------" + (" | ------" if args.floor else ""))
+          "| ------------" + (" | ------" if floor else ""))
     for w, rep, s in summary:
         print(f"{w} ({workloads[w]}) | {rep} | {s['load'][0]:.2f}/{s['load'][1]:.2f} | "
               f"{rng(s['ref_us'])} | {rng(s['ours_us'])} | {s['held'] or 'none'} | "
-              f"{s['held_added'] or 'none'}" + (f" | {rng(s['floor_us'])}" if args.floor
+              f"{s['held_added'] or 'none'}" + (f" | {rng(s['floor_us'])}" if floor
                                                 else ""))
-    print(f"files in {tmp}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -141,22 +141,7 @@ def run(url: str, streams: int, warmup_s: float, hold_s: float, tokens: int) -> 
     stop = start + hold_s
     ttft, itl, chunks, requests, kept = [], [], 0, 0, []
     cpu_start = cpu_window = None
-
-    def send(st: Stream, t: float) -> None:
-        st.sent, st.first = t, 0.0
-        st.reset()
-        st.measured = start <= t < stop
-        st.sock.send(payload)
-
-    def spawn(n: int) -> None:
-        for _ in range(n):
-            s = socket.create_connection((host, int(port)))
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.setblocking(False)
-            st = Stream(s)
-            sel.register(s, selectors.EVENT_READ, st)
-            send(st, now())
-
+    send, spawn = _senders(host, int(port), payload, sel, start, stop)
     live, next_group = streams, t0
     while live:
         t = now()
@@ -199,6 +184,29 @@ def run(url: str, streams: int, warmup_s: float, hold_s: float, tokens: int) -> 
         cpu_window = cpu_s() - (cpu_start or 0.0)
     return {"ttft_ms": ttft, "itl_ms": itl, "chunks": chunks, "cpu_s": cpu_window,
             "requests": requests}
+
+
+def _senders(host: str, port: int, payload: bytes, sel, start: float, stop: float):
+    """send(stream, t): the next request on a stream (measured when sent inside the window);
+    spawn(n): n new streams, each sending its first request at once."""
+    now = time.time
+
+    def send(st: Stream, t: float) -> None:
+        st.sent, st.first = t, 0.0
+        st.reset()
+        st.measured = start <= t < stop
+        st.sock.send(payload)
+
+    def spawn(n: int) -> None:
+        for _ in range(n):
+            s = socket.create_connection((host, port))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.setblocking(False)
+            st = Stream(s)
+            sel.register(s, selectors.EVENT_READ, st)
+            send(st, now())
+
+    return send, spawn
 
 
 def main() -> int:

@@ -18,6 +18,14 @@ def register(sub) -> None:
                         "check: exit 1 if the files on disk differ from what would be generated")
     p.set_defaults(func=compose_cmd)
 
+    _add_preflight(sub)
+    _add_verify(sub)
+    _add_predict(sub)
+    _add_matrix(sub)
+    _add_fidelity(sub)
+
+
+def _add_preflight(sub) -> None:
     p = sub.add_parser("preflight", help="check a variant against the GPUs before measuring")
     p.add_argument("variant", help="variant name or YAML path")
     p.add_argument("--gpus", metavar="FILE", help="saved output of `nvidia-smi --query-gpu=index,"
@@ -35,6 +43,8 @@ def register(sub) -> None:
     p.add_argument("--strict", action="store_true", help="exit 1 on warnings too")
     p.set_defaults(func=preflight_cmd)
 
+
+def _add_verify(sub) -> None:
     p = sub.add_parser("verify", help="check what a started server really runs against its variant")
     p.add_argument("variant", help="variant name or YAML path")
     p.add_argument("--log", metavar="FILE", help="the server's start-up log")
@@ -46,6 +56,7 @@ def register(sub) -> None:
     p.set_defaults(func=verify_cmd)
 
 
+def _add_predict(sub) -> None:
     p = sub.add_parser("predict", help="run a profile through the simulator's engine in virtual "
                        "time and store it as a run flagged 'predicted'")
     p.add_argument("--variant", required=True, help="variant name or YAML path")
@@ -56,6 +67,8 @@ def register(sub) -> None:
     p.add_argument("--tag", action="append", default=[], metavar="K=V", help="tag the run")
     p.set_defaults(func=predict_cmd)
 
+
+def _add_matrix(sub) -> None:
     p = sub.add_parser("matrix", help="run a traffic profile on several variants in turn and "
                        "compare them (speed, verification, fidelity)")
     p.add_argument("--variants", required=True, help="comma-separated variants, the first is "
@@ -81,6 +94,8 @@ def register(sub) -> None:
                    help="extra flag for `servelab run`, repeatable (e.g. --run-arg=--workers=2)")
     p.set_defaults(func=matrix_cmd)
 
+
+def _add_fidelity(sub) -> None:
     p = sub.add_parser("fidelity", help="compare greedy outputs of variants against a baseline")
     p.add_argument("--baseline", required=True, help="baseline variant (e.g. bf16)")
     p.add_argument("--candidates", required=True, help="comma-separated variants to compare")

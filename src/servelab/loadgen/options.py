@@ -71,6 +71,15 @@ def add_arguments(parser) -> None:
                    "-1: none)")
     g.add_argument("--tag", default="", help="k=v[,k=v...] labels recorded with the run")
     g.add_argument("--seed", type=int, default=-1, help="override the profile's seed (-1: keep)")
+    _add_request_options(g)
+    _add_bookkeeping(g)
+    # Secure defaults: Locust binds its web UI and its worker port to every interface.
+    parser.set_defaults(web_host=os.environ.get("LOCUST_WEB_HOST", "127.0.0.1"),
+                        master_bind_host=os.environ.get("LOCUST_MASTER_BIND_HOST", "127.0.0.1"))
+
+
+def _add_request_options(g) -> None:
+    """How each request is sent and how long it may take."""
     g.add_argument("--timeout-connect", type=float, default=REQUEST.connect,
                    help="seconds to connect")
     g.add_argument("--timeout-first-token", type=float, default=REQUEST.first_token,
@@ -93,6 +102,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--header", action="append", default=[], include_in_web_ui=False,
                    metavar="'NAME: VALUE'", help="extra request header for other auth schemes "
                    "(repeatable; default: $SERVELAB_HEADERS, one per line)")
+
+
+def _add_bookkeeping(g) -> None:
+    """Where the run's rows and progress go, and what is recorded with it (never the web form's)."""
     g.add_argument("--spool-dir", default=os.environ.get("SERVELAB_SPOOL", "results/spool"),
                    include_in_web_ui=False, help="where each worker spools its rows")
     g.add_argument("--run-id", default="", include_in_web_ui=False,
@@ -101,9 +114,6 @@ def add_arguments(parser) -> None:
                    help="the master writes live progress here (JSON, once a second)")
     g.add_argument("--hardware", default="", include_in_web_ui=False,
                    help="GPU of the target, recorded with the run")
-    # Secure defaults: Locust binds its web UI and its worker port to every interface.
-    parser.set_defaults(web_host=os.environ.get("LOCUST_WEB_HOST", "127.0.0.1"),
-                        master_bind_host=os.environ.get("LOCUST_MASTER_BIND_HOST", "127.0.0.1"))
 
 
 @dataclass

@@ -46,29 +46,11 @@ def install(events, open_db=None) -> None:
         if runner is None:
             return
         try_adopt(environment)
-        if isinstance(runner, WorkerRunner):
-            # A worker keeps Locust's own SIGTERM handler (installed after this, and there all
-            # along on a worker); two handlers would start two shutdowns.
-            _stop_signals_like_ctrl_c(signal.SIGINT)
-        else:
-            _stop_signals_like_ctrl_c(signal.SIGTERM, signal.SIGINT)
-        if isinstance(runner, WorkerRunner):
-            # Quitting listeners fire last-added first: this one drains before Locust's own
-            # tells the master that this worker quit (and before its users are killed).
-            environment.events.quitting.add_listener(lambda **_kw: worker_leaves(environment))
-            gevent.spawn(_watch_master, environment)
+        _arm_stopping(environment, runner)
         if isinstance(runner, (WorkerRunner, LocalRunner)):
             WorkerSide(environment).register(runner)
         if isinstance(runner, (MasterRunner, LocalRunner)):
-            check_profile_now(environment.parsed_options)
-            sides["master"] = master = MasterSide(environment, open_db)
-            master.register(runner)
-            from servelab.loadgen import web
-
-            if environment.web_ui is not None:
-                web.install(environment, master)
-            else:   # headless: --api-port, or an ephemeral port for the sidecar's readers
-                web.serve_headless(environment, master)
+            sides["master"] = _start_master(environment, runner, open_db)
 
     def on_test_start(environment, **_kw) -> None:
         # A worker has the master's options (the web UI's key included) from the spawn message
@@ -107,6 +89,34 @@ def install(events, open_db=None) -> None:
     events.test_stopping.add_listener(on_test_stopping)
     events.test_stop.add_listener(on_test_stop)
     events.quitting.add_listener(on_quitting)
+
+
+def _arm_stopping(environment, runner) -> None:
+    """SIGTERM stops like Ctrl-C; a worker drains before it leaves and stops without a master."""
+    if isinstance(runner, WorkerRunner):
+        # A worker keeps Locust's own SIGTERM handler (installed after this, and there all
+        # along on a worker); two handlers would start two shutdowns.
+        _stop_signals_like_ctrl_c(signal.SIGINT)
+    else:
+        _stop_signals_like_ctrl_c(signal.SIGTERM, signal.SIGINT)
+    if isinstance(runner, WorkerRunner):
+        # Quitting listeners fire last-added first: this one drains before Locust's own
+        # tells the master that this worker quit (and before its users are killed).
+        environment.events.quitting.add_listener(lambda **_kw: worker_leaves(environment))
+        gevent.spawn(_watch_master, environment)
+
+
+def _start_master(environment, runner, open_db) -> MasterSide:
+    check_profile_now(environment.parsed_options)
+    master = MasterSide(environment, open_db)
+    master.register(runner)
+    from servelab.loadgen import web
+
+    if environment.web_ui is not None:
+        web.install(environment, master)
+    else:   # headless: --api-port, or an ephemeral port for the sidecar's readers
+        web.serve_headless(environment, master)
+    return master
 
 
 class MasterSide:

@@ -220,8 +220,31 @@ def calibrate(variant, hardware: str, target: str, out: Path | None = None,
     client = ProbeClient(target)
     probes = probe_set(config.max_num_batched_tokens, config.max_model_len, config.max_num_seqs,
                        output_tokens)
-    blocker = min(config.max_num_batched_tokens, config.max_model_len - 1, 4096)
     t0 = time.monotonic()
+    ms, replays = _measure(config, client, probes, repeat, say)
+    probe_s = time.monotonic() - t0
+    on_time = [i for i, m in enumerate(ms) if not m.late] or list(range(len(ms)))
+    theta = fit(config, [ms[i] for i in on_time], [replays[i] for i in on_time])
+    rows = residual_rows(config, ms, replays, theta)
+    doc = _calibration_doc(variant, config, target, client, theta, rows, len(on_time), probe_s)
+    acc = acceptance(ms)
+    if config.speculative is not None and acc:
+        doc["spec_decode"] = {"method": config.speculative.method, "acceptance": acc}
+    path = Path(out) if out else default_out(config.hardware.name, config.model.hf_id, variant.name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (f"# Written by `servelab calibrate --variant {variant.name} --hardware "
+              f"{config.hardware.name}`: the simulator's cost coefficients fitted to {target}'s\n"
+              "# own /metrics (docs/simulator.md, 'Calibrating against a real server').\n")
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=100))
+    say(f"fitted {', '.join(f'{k}={v:.4g}' for k, v in theta.items())}; residuals rms "
+        f"{doc['fit']['rms_error']:.1%}, max {doc['fit']['max_abs_error']:.1%} over "
+        f"{doc['fit']['totals']} totals; {probe_s:.1f} s of probes")
+    return path
+
+
+def _measure(config, client: ProbeClient, probes, repeat: int, say) -> tuple[list, list]:
+    """Each probe ``repeat`` times, with the engine's replay of what it should have scheduled."""
+    blocker = min(config.max_num_batched_tokens, config.max_model_len - 1, 4096)
     ms, replays, step_s, lead_s = [], [], None, 0.005
     for rep in range(repeat):
         for probe in probes:
@@ -242,20 +265,22 @@ def calibrate(variant, hardware: str, target: str, out: Path | None = None,
             replays.append(rp)
             say(f"  probe {probe.name:<24} prefill {1e3 * m.deltas['prefill_s']:9.2f} ms  "
                 f"decode {1e3 * m.deltas['decode_s']:9.2f} ms{'  (late: not fitted)' if m.late else ''}")
-    probe_s = time.monotonic() - t0
-    on_time = [i for i, m in enumerate(ms) if not m.late] or list(range(len(ms)))
-    theta = fit(config, [ms[i] for i in on_time], [replays[i] for i in on_time])
-    rows = residual_rows(config, ms, replays, theta)
+    return ms, replays
+
+
+def _calibration_doc(variant, config, target: str, client: ProbeClient, theta: dict,
+                     rows: list[dict], n_fitted: int, probe_s: float) -> dict:
+    """The calibration file's content: the coefficients, how well they fit, what was measured."""
     errs = [abs(r["error"]) for r in rows if not r["late"]] or [abs(r["error"]) for r in rows]
     late = sorted({r["probe"] for r in rows if r["late"]})
-    doc = {
+    return {
         "format": CALIBRATION_FORMAT, "variant": variant.name, "hardware": config.hardware.name,
         "model": config.model.hf_id, "applies_to": applies_to(config), "source": "probes",
         "params": {k: float(f"{v:.6g}") for k, v in theta.items()},
         "fitted": list(FITTED),
         # what each coefficient prices (specs.cost_calibration.MECHANISMS)
         "mechanisms": {k: MECHANISMS[k] for k in theta},
-        "fit": {"probes": len(on_time), "totals": len(errs), "rms_error": round(math.sqrt(
+        "fit": {"probes": n_fitted, "totals": len(errs), "rms_error": round(math.sqrt(
             sum(e * e for e in errs) / len(errs)), 4), "max_abs_error": round(max(errs), 4),
             "late_not_fitted": late},
         "measured": {"when": datetime.datetime.now(datetime.timezone.utc).isoformat(
@@ -265,16 +290,3 @@ def calibrate(variant, hardware: str, target: str, out: Path | None = None,
             "server_flags": list(variant.serve_args), "probe_seconds": round(probe_s, 2)},
         "residuals": rows,
     }
-    acc = acceptance(ms)
-    if config.speculative is not None and acc:
-        doc["spec_decode"] = {"method": config.speculative.method, "acceptance": acc}
-    path = Path(out) if out else default_out(config.hardware.name, config.model.hf_id, variant.name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = (f"# Written by `servelab calibrate --variant {variant.name} --hardware "
-              f"{config.hardware.name}`: the simulator's cost coefficients fitted to {target}'s\n"
-              "# own /metrics (docs/simulator.md, 'Calibrating against a real server').\n")
-    path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=100))
-    say(f"fitted {', '.join(f'{k}={v:.4g}' for k, v in theta.items())}; residuals rms "
-        f"{doc['fit']['rms_error']:.1%}, max {doc['fit']['max_abs_error']:.1%} over {len(errs)} "
-        f"totals; {probe_s:.1f} s of probes")
-    return path

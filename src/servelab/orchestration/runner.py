@@ -97,24 +97,9 @@ def run_profile(opt: RunOptions) -> RunResult:
     from servelab.profiles import load_profile
 
     profile = load_profile(opt.profile)
-    # The target's user:password and the key leave the options here: the clean URL is all that
-    # is passed on or recorded, the credentials reach children through their environment.
-    clean, basic = credentials.split_url(opt.target)
-    if opt.api_key or opt.headers or basic:
-        clean, creds = credentials.build(opt.api_key, opt.headers, opt.target)
-        credentials.install(creds)
-    else:
-        credentials.current()   # as installed (the matrix) or from the environment
-    opt = replace(opt, target=clean, api_key=None, headers=[])
+    opt = _without_credentials(opt)
     variant = _check_variant(opt)
-    if opt.workers == "auto":
-        from servelab.orchestration.workers import auto_workers
-
-        count, why = auto_workers(profile, starts_simulator=not opt.target)
-        print(f"servelab: {why}", flush=True)
-        opt = replace(opt, workers=count)
-    if opt.workers < 0:
-        raise ServelabError("--workers: must be 0 (one local process) or more")
+    opt = _with_workers(opt, profile)
     db = Path(opt.db) if opt.db else default_db()
     run_id = check_id(opt.run_id or new_run_id(), "--run-id")
     claim_run_id(db, run_id)
@@ -162,6 +147,31 @@ def run_profile(opt: RunOptions) -> RunResult:
         print(verdict.summary(), flush=True)
     return RunResult(run_id, 0 if status == "completed" else 1, status, db, logs, interrupted,
                      error_rate, flags)
+
+
+def _without_credentials(opt: RunOptions) -> RunOptions:
+    """The target's user:password and the key leave the options here: the clean URL is all that
+    is passed on or recorded, the credentials reach children through their environment."""
+    clean, basic = credentials.split_url(opt.target)
+    if opt.api_key or opt.headers or basic:
+        clean, creds = credentials.build(opt.api_key, opt.headers, opt.target)
+        credentials.install(creds)
+    else:
+        credentials.current()   # as installed (the matrix) or from the environment
+    return replace(opt, target=clean, api_key=None, headers=[])
+
+
+def _with_workers(opt: RunOptions, profile) -> RunOptions:
+    """--workers as a count: ``auto`` picks one for the profile and says why."""
+    if opt.workers == "auto":
+        from servelab.orchestration.workers import auto_workers
+
+        count, why = auto_workers(profile, starts_simulator=not opt.target)
+        print(f"servelab: {why}", flush=True)
+        opt = replace(opt, workers=count)
+    if opt.workers < 0:
+        raise ServelabError("--workers: must be 0 (one local process) or more")
+    return opt
 
 
 def _check_variant(opt: RunOptions):

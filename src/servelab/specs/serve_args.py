@@ -244,78 +244,101 @@ def _speculative_config(text: str) -> dict:
 
 def parse_serve_args(argv: list[str] | tuple[str, ...] | None) -> ServeArgs:
     out = ServeArgs(argv=list(argv or []))
-    items = list(argv or [])
-    i = 0
-
-    def value_of(flag: str, inline: str | None) -> str:
-        nonlocal i
-        if inline is not None:
-            return inline
-        if i >= len(items) or (items[i].startswith("--") and flag != "--speculative-config"):
-            raise ServelabError(f"serve args: {flag} needs a value")
-        v = items[i]
-        i += 1
-        return v
-
-    while i < len(items):
-        raw = items[i]
-        i += 1
+    args = _Argv(argv)
+    while not args.done():
+        raw = args.next()
         if not raw.startswith("-"):
-            if out.model is None and i == 1:  # `vllm serve MODEL ...`
+            if out.model is None and args.i == 1:  # `vllm serve MODEL ...`
                 out.model = raw
                 continue
             raise ServelabError(f"serve args: unexpected value {raw!r}; flags look like --max-num-seqs 64")
         flag, _, inline = raw.partition("=")
-        inline = inline if "=" in raw else None
-        flag = FLAG_ALIASES.get(flag, flag)
-        if flag in _VALUE_FLAGS:
-            name, read = _VALUE_FLAGS[flag]
-            setattr(out, name, read(flag, value_of(flag, inline)))
-        elif flag in _SWITCHES:
-            name, value = _SWITCHES[flag]
-            setattr(out, name, value)
-        elif flag == "--speculative-config":
-            out.speculative_config = _speculative_config(value_of(flag, inline))
-        elif flag == "--kv-transfer-config":
-            config = _json_object(
-                flag, value_of(flag, inline), '{"kv_connector":"NixlConnector","kv_role":"kv_both"}')
-            connector = config.get("kv_connector")
-            if connector == "OffloadingConnector":
-                _offloading_connector(out, config)
-            elif connector == "LMCacheConnectorV1" and config.get("kv_role") == "kv_both":
-                _lmcache_connector(out, config)   # a producer/consumer role is PD, not a tier
-            else:
-                out.kv_transfer_config = config
-        elif flag == "--pipeline-parallel-size":
-            if _int(flag, value_of(flag, inline)) != 1:
-                raise ServelabError("serve args: --pipeline-parallel-size > 1 is not simulated; "
-                                    "use --tensor-parallel-size or --data-parallel-size")
-        elif flag == "--served-model-name":
-            names = [value_of(flag, inline)] if inline is not None else []
-            while i < len(items) and not items[i].startswith("-"):
-                names.append(items[i])
-                i += 1
-            if not names:
-                raise ServelabError("serve args: --served-model-name needs a value")
-            out.served_model_name = names
-        elif flag in NO_EFFECT_FLAGS:
-            if flag == "--enable-prompt-tokens-details":
-                out.enable_prompt_tokens_details = True
-            if NO_EFFECT_FLAGS[flag]:
-                out.ignored.append(f"{flag}={value_of(flag, inline)}")
-            else:
-                out.ignored.append(flag)
-        else:
-            raise ServelabError(
-                f"serve args: unknown or unsimulated vLLM flag {flag!r}; simulated flags: --quantization, "
-                "--speculative-config, --tensor-parallel-size, --data-parallel-size, --max-num-seqs, "
-                "--max-num-batched-tokens, --gpu-memory-utilization, --kv-cache-memory-bytes, "
-                "--max-model-len, "
-                "--[no-]enable-prefix-caching, --served-model-name, --kv-cache-dtype, --block-size, "
-                "--enforce-eager, --disable-custom-all-reduce, --dtype, --kv-offloading-size, "
-                "--kv-offloading-backend, --kv-transfer-config (OffloadingConnector, "
-                "LMCacheConnectorV1 kv_both; others "
-                "predict only); accepted without effect: "
-                + ", ".join(DOCUMENTED_NO_EFFECT)
-            )
+        _read_flag(out, args, FLAG_ALIASES.get(flag, flag), inline if "=" in raw else None)
     return out
+
+
+class _Argv:
+    """The serve args read left to right: a flag's value is inline (``--x=v``) or the next item."""
+
+    def __init__(self, argv):
+        self.items = list(argv or [])
+        self.i = 0
+
+    def done(self) -> bool:
+        return self.i >= len(self.items)
+
+    def next(self) -> str:
+        self.i += 1
+        return self.items[self.i - 1]
+
+    def value_of(self, flag: str, inline: str | None) -> str:
+        if inline is not None:
+            return inline
+        if self.done() or (self.items[self.i].startswith("--") and flag != "--speculative-config"):
+            raise ServelabError(f"serve args: {flag} needs a value")
+        return self.next()
+
+    def words(self) -> list[str]:
+        """The items up to the next flag (``--served-model-name a b``)."""
+        out = []
+        while not self.done() and not self.items[self.i].startswith("-"):
+            out.append(self.next())
+        return out
+
+
+def _read_flag(out: ServeArgs, args: _Argv, flag: str, inline: str | None) -> None:
+    if flag in _VALUE_FLAGS:
+        name, read = _VALUE_FLAGS[flag]
+        setattr(out, name, read(flag, args.value_of(flag, inline)))
+    elif flag in _SWITCHES:
+        name, value = _SWITCHES[flag]
+        setattr(out, name, value)
+    elif flag == "--speculative-config":
+        out.speculative_config = _speculative_config(args.value_of(flag, inline))
+    elif flag == "--kv-transfer-config":
+        _kv_transfer_config(out, args.value_of(flag, inline))
+    elif flag == "--pipeline-parallel-size":
+        if _int(flag, args.value_of(flag, inline)) != 1:
+            raise ServelabError("serve args: --pipeline-parallel-size > 1 is not simulated; "
+                                "use --tensor-parallel-size or --data-parallel-size")
+    elif flag == "--served-model-name":
+        names = ([inline] if inline is not None else []) + args.words()
+        if not names:
+            raise ServelabError("serve args: --served-model-name needs a value")
+        out.served_model_name = names
+    elif flag in NO_EFFECT_FLAGS:
+        if flag == "--enable-prompt-tokens-details":
+            out.enable_prompt_tokens_details = True
+        if NO_EFFECT_FLAGS[flag]:
+            out.ignored.append(f"{flag}={args.value_of(flag, inline)}")
+        else:
+            out.ignored.append(flag)
+    else:
+        raise _unknown_flag(flag)
+
+
+def _kv_transfer_config(out: ServeArgs, text: str) -> None:
+    config = _json_object("--kv-transfer-config", text,
+                          '{"kv_connector":"NixlConnector","kv_role":"kv_both"}')
+    connector = config.get("kv_connector")
+    if connector == "OffloadingConnector":
+        _offloading_connector(out, config)
+    elif connector == "LMCacheConnectorV1" and config.get("kv_role") == "kv_both":
+        _lmcache_connector(out, config)   # a producer/consumer role is PD, not a tier
+    else:
+        out.kv_transfer_config = config
+
+
+def _unknown_flag(flag: str) -> ServelabError:
+    return ServelabError(
+        f"serve args: unknown or unsimulated vLLM flag {flag!r}; simulated flags: --quantization, "
+        "--speculative-config, --tensor-parallel-size, --data-parallel-size, --max-num-seqs, "
+        "--max-num-batched-tokens, --gpu-memory-utilization, --kv-cache-memory-bytes, "
+        "--max-model-len, "
+        "--[no-]enable-prefix-caching, --served-model-name, --kv-cache-dtype, --block-size, "
+        "--enforce-eager, --disable-custom-all-reduce, --dtype, --kv-offloading-size, "
+        "--kv-offloading-backend, --kv-transfer-config (OffloadingConnector, "
+        "LMCacheConnectorV1 kv_both; others "
+        "predict only); accepted without effect: "
+        + ", ".join(DOCUMENTED_NO_EFFECT)
+    )

@@ -207,15 +207,47 @@ def variant_flag_map(args: list[str] | tuple[str, ...],
 def _build(path: Path, doc: yamlsource.YamlDoc, environ) -> Variant:
     data = doc.data
     p = _Problems(path, doc.lines)
+    _check_keys(p, path, doc)
+    name, description, model, model_env, notes = _check_texts(p, path, data)
+    server = data.get("server", DEFAULT_KIND)
+    if server not in KINDS:
+        p.add(("server",), server, "one of " + ", ".join(KINDS) + " (the server this variant "
+              "runs; default " + DEFAULT_KIND + ")")
+        server = DEFAULT_KIND  # check the rest as the default kind, to list every problem at once
+    kind = KINDS[server]
+    serve_args, args = _check_serve_args(p, data.get("serve_args", []), kind)
+    gpus, instances = data.get("gpus", 1), data.get("instances", 1)
+    for key, value in (("gpus", gpus), ("instances", instances)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            p.add((key,), value, "a whole number >= 1")
+    claims = _check_claims(p, data.get("claims"), args, kind)
+    pd = check_pd(data.get("pd"), args, instances, server, p.add)
+    if not p.items:
+        _check_gpu_count(p, gpus, instances, args, kind)
+    if p.items:
+        raise VariantError("\n".join(p.items))
+    served = environ.get(model_env) if model_env else None
+    return Variant(name=name, description=description.strip(), model=served or model,
+                   default_model=model, model_env=model_env, serve_args=tuple(serve_args),
+                   gpus=gpus, instances=instances, claims=claims, path=path,
+                   notes=notes.strip(), server=server, pd=pd, _args=args)
+
+
+def _check_keys(p: _Problems, path: Path, doc: yamlsource.YamlDoc) -> None:
+    """Each key once, and only the keys a variant has; not a mapping ends the reading."""
     for dup_path, line, first in doc.duplicates:
         p.items.append(f"{path}:{line}: {'.'.join(map(str, dup_path))}: found a second "
                        f"{dup_path[-1]!r} key (first on line {first}); allowed once, remove one")
-    if not isinstance(data, dict):
-        p.add((), type(data).__name__, "a mapping with keys " + ", ".join(TOP_KEYS))
+    if not isinstance(doc.data, dict):
+        p.add((), type(doc.data).__name__, "a mapping with keys " + ", ".join(TOP_KEYS))
         raise VariantError("\n".join(p.items))
-    for key in data:
+    for key in doc.data:
         if key not in TOP_KEYS:
             p.add((key,), key, "one of " + ", ".join(TOP_KEYS) + " (remove or rename it)")
+
+
+def _check_texts(p: _Problems, path: Path, data: dict) -> tuple:
+    """name, description, model, model_env and notes, as found (each problem added)."""
     name = data.get("name")
     if not isinstance(name, str) or not NAME_RE.match(name):
         p.add(("name",), name, "lower-case letters, digits and _ (it is also the compose profile)")
@@ -234,47 +266,32 @@ def _build(path: Path, doc: yamlsource.YamlDoc, environ) -> Variant:
     notes = data.get("notes", "")
     if not isinstance(notes, str):
         p.add(("notes",), notes, "text")
-    server = data.get("server", DEFAULT_KIND)
-    if server not in KINDS:
-        p.add(("server",), server, "one of " + ", ".join(KINDS) + " (the server this variant "
-              "runs; default " + DEFAULT_KIND + ")")
-        server = DEFAULT_KIND  # check the rest as the default kind, to list every problem at once
-    kind = KINDS[server]
+    return name, description, model, model_env, notes
 
-    serve_args = data.get("serve_args", [])
-    args: dict[str, str | bool] = {}
+
+def _check_serve_args(p: _Problems, serve_args: Any, kind: ServerKind) -> tuple[list, dict]:
+    """The serve args (``[]`` when they are not a list of strings) and their flag map."""
     if not isinstance(serve_args, list) or not all(isinstance(a, str) for a in serve_args):
         p.add(("serve_args",), serve_args, "a list of strings, e.g. ['--quantization', 'fp8']")
-        serve_args = []
-    else:
-        if serve_args and not serve_args[0].startswith("-"):
-            p.add(("serve_args", 0), serve_args[0], "a flag starting with -- (the model goes in "
-                  "`model`, not in serve_args)")
-        args = variant_flag_map(serve_args, kind.flag_aliases)
-        kind.check_args(serve_args, args, p.add)
+        return [], {}
+    if serve_args and not serve_args[0].startswith("-"):
+        p.add(("serve_args", 0), serve_args[0], "a flag starting with -- (the model goes in "
+              "`model`, not in serve_args)")
+    args = variant_flag_map(serve_args, kind.flag_aliases)
+    kind.check_args(serve_args, args, p.add)
+    return serve_args, args
 
-    gpus, instances = data.get("gpus", 1), data.get("instances", 1)
-    for key, value in (("gpus", gpus), ("instances", instances)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            p.add((key,), value, "a whole number >= 1")
-    claims = _check_claims(p, data.get("claims"), args, kind)
-    pd = check_pd(data.get("pd"), args, instances, server, p.add)
 
-    if not p.items:
-        per_instance = 1
-        for concept in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-            value = args.get(kind.flags[concept])
-            per_instance *= int(value) if isinstance(value, str) else 1
-        if gpus != per_instance * instances:
-            p.add(("gpus",), gpus, f"{per_instance * instances} = tensor x pipeline x data "
-                  f"parallel size ({per_instance}) x instances ({instances})")
-    if p.items:
-        raise VariantError("\n".join(p.items))
-    served = environ.get(model_env) if model_env else None
-    return Variant(name=name, description=description.strip(), model=served or model,
-                   default_model=model, model_env=model_env, serve_args=tuple(serve_args),
-                   gpus=gpus, instances=instances, claims=claims, path=path,
-                   notes=notes.strip(), server=server, pd=pd, _args=args)
+def _check_gpu_count(p: _Problems, gpus: int, instances: int, args: dict,
+                     kind: ServerKind) -> None:
+    """gpus = the GPUs one instance's parallelism takes, times the instances."""
+    per_instance = 1
+    for concept in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        value = args.get(kind.flags[concept])
+        per_instance *= int(value) if isinstance(value, str) else 1
+    if gpus != per_instance * instances:
+        p.add(("gpus",), gpus, f"{per_instance * instances} = tensor x pipeline x data "
+              f"parallel size ({per_instance}) x instances ({instances})")
 
 
 def _check_claims(p: _Problems, claims: Any, args: dict, kind: ServerKind) -> Claims | None:

@@ -50,6 +50,35 @@ PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                1.0, 2.5)
 FINISHED_REASONS = ("stop", "length", "abort")
+# The frontend's histograms, in vLLM's order: (name, help, EngineMetrics attribute).
+FRONTEND_HISTOGRAMS = (
+    ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens_hist"),
+    ("vllm:request_generation_tokens", "Number of generation tokens processed.",
+     "generation_tokens_hist"),
+    ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
+     "iteration_tokens"),
+    ("vllm:request_max_num_generation_tokens",
+     "Histogram of maximum number of requested generation tokens.", "max_num_generation_tokens"),
+    ("vllm:request_params_n", "Histogram of the n request parameter.", "params_n"),
+    ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
+     "params_max_tokens"),
+    ("vllm:request_prefill_kv_computed_tokens",
+     "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+     "prefill_kv_computed"),
+    ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
+    ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
+    ("vllm:request_time_per_output_token_seconds",
+     "Histogram of time_per_output_token_seconds per request.", "tpot"),
+    ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
+    ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
+     "queue"),
+    ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+     "inference"),
+    ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
+     "prefill"),
+    ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
+     "decode"),
+)
 
 
 def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
@@ -149,10 +178,6 @@ class EngineMetrics:
             self.tpot.observe(decode / (num_output - 1))
 
 
-def _labels(names, values) -> dict:
-    return dict(zip(names, values))
-
-
 class SimCollector(Collector):
     """Builds the metric families from the engines' stats and the frontend's records."""
 
@@ -207,7 +232,17 @@ class SimCollector(Collector):
 
     def collect(self):
         stats = [e.stats for e in self.engines]
-        fe = self.frontend
+        yield from self._engine_families(stats)
+        yield from self._frontend_families(self.frontend)
+        yield self._cache_config_info(stats)
+        if any(getattr(e, "offload", None) is not None for e in self.engines):
+            yield from self.offload_families()
+        if self.spec_k:
+            yield from self._spec_decode_families(stats)
+        yield self._http_family()
+        yield from self.sim_families(self.frontend)
+
+    def _engine_families(self, stats):
         yield self._gauge("vllm:num_requests_running",
                           "Number of requests in model execution batches.",
                           [s.num_running for s in stats])
@@ -223,78 +258,45 @@ class SimCollector(Collector):
                             [s.prefix_cache_hits_total for s in stats])
         yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
                             [s.num_preemptions_total for s in stats])
+
+    def _frontend_families(self, fe):
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
                             [f.prompt_tokens for f in fe])
         yield self._counter("vllm:generation_tokens", "Number of generation tokens processed.",
                             [f.generation_tokens for f in fe])
         yield self._counter("vllm:request_success", "Count of successfully processed requests.",
                             [f.success for f in fe], extra="finished_reason")
-        for name, doc, attr in (
-            ("vllm:request_prompt_tokens", "Number of prefill tokens processed.",
-             "prompt_tokens_hist"),
-            ("vllm:request_generation_tokens", "Number of generation tokens processed.",
-             "generation_tokens_hist"),
-            ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-             "iteration_tokens"),
-            ("vllm:request_max_num_generation_tokens",
-             "Histogram of maximum number of requested generation tokens.",
-             "max_num_generation_tokens"),
-            ("vllm:request_params_n", "Histogram of the n request parameter.", "params_n"),
-            ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-             "params_max_tokens"),
-            ("vllm:request_prefill_kv_computed_tokens",
-             "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-             "prefill_kv_computed"),
-            ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-             "ttft"),
-            ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-             "itl"),
-            ("vllm:request_time_per_output_token_seconds",
-             "Histogram of time_per_output_token_seconds per request.", "tpot"),
-            ("vllm:e2e_request_latency_seconds",
-             "Histogram of e2e request latency in seconds.", "e2e"),
-            ("vllm:request_queue_time_seconds",
-             "Histogram of time spent in WAITING phase for request.", "queue"),
-            ("vllm:request_inference_time_seconds",
-             "Histogram of time spent in RUNNING phase for request.", "inference"),
-            ("vllm:request_prefill_time_seconds",
-             "Histogram of time spent in PREFILL phase for request.", "prefill"),
-            ("vllm:request_decode_time_seconds",
-             "Histogram of time spent in DECODE phase for request.", "decode"),
-        ):
+        for name, doc, attr in FRONTEND_HISTOGRAMS:
             yield self._hist(name, doc, [getattr(f, attr) for f in fe])
 
+    def _cache_config_info(self, stats):
         info = Metric("vllm:cache_config_info", "Information of the LLMEngine CacheConfig", "gauge")
         for i, s in enumerate(stats):
             info.add_sample("vllm:cache_config_info",
                             {**self.cache_info, "num_gpu_blocks": str(s.num_gpu_blocks),
                              **self._offload_info(self.engines[i]), "engine": str(i)}, 1.0)
-        yield info
-        if any(getattr(e, "offload", None) is not None for e in self.engines):
-            yield from self.offload_families()
+        return info
 
-        if self.spec_k:
-            yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
-                                [s.spec_num_drafts_total for s in stats])
-            yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
-                                [s.spec_num_draft_tokens_total for s in stats])
-            yield self._counter("vllm:spec_decode_num_accepted_tokens",
-                                "Number of accepted tokens.",
-                                [s.spec_num_accepted_tokens_total for s in stats])
-            yield self._counter(
-                "vllm:spec_decode_num_accepted_tokens_per_pos",
-                "Accepted tokens per draft position.",
-                [{p: (s.spec_accepted_per_pos_total[p] if p < len(s.spec_accepted_per_pos_total)
-                      else 0) for p in range(self.spec_k)} for s in stats], extra="position")
+    def _spec_decode_families(self, stats):
+        yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+                            [s.spec_num_drafts_total for s in stats])
+        yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+                            [s.spec_num_draft_tokens_total for s in stats])
+        yield self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                            [s.spec_num_accepted_tokens_total for s in stats])
+        yield self._counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
+            [{p: (s.spec_accepted_per_pos_total[p] if p < len(s.spec_accepted_per_pos_total)
+                  else 0) for p in range(self.spec_k)} for s in stats], extra="position")
 
+    def _http_family(self):
         http = Metric("http_requests", "Total number of requests by method, status and handler.",
                       "counter")
         for (handler, method, status), count in sorted(self.http_requests.items()):
             labels = {"handler": handler, "method": method, "status": status}
             http.add_sample("http_requests_total", labels, float(count))
             http.add_sample("http_requests_created", labels, self.created)
-        yield http
-        yield from self.sim_families(fe)
+        return http
 
     @staticmethod
     def _offload_info(engine) -> dict:

@@ -60,46 +60,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
     sim = request.app[SIM]
     try:
-        raw = await request.read()
-        arrival = clock()  # as vLLM: arrived once the body is in (a slow upload is not queueing)
-        body = parse_body(raw)
-        resolve_model(body, sim.served)
-        prompt = prompt_input(kind, body, sim.tokenizer.vocab_size)
-        prompt_ids = await sim.encode(prompt) if isinstance(prompt, str) else prompt
-        sreq = parse_generate(kind, body, prompt_ids, sim.served)
+        sreq, arrival = await _parse(request, kind, sim)
     except ApiError as exc:
         return error_response(exc)
-    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
-    internal = uuid.uuid4().hex
-    # As vLLM's serving code (_base_request_id): the caller's X-Request-Id names the response,
-    # so client rows and server records join on it; otherwise a random id.
-    header_id = request.headers.get("X-Request-Id")
-    request_id = prefix + (internal if header_id is None else header_id)
-    rec = ServerRecord(request_id, kind, sreq.model, arrival, sreq.stream,
-                        len(sreq.prompt_ids), sreq.max_tokens, x_request_id=header_id,
-                        engine_id=prefix + internal)
+    rec = _record(request, kind, sreq, arrival)
     fault = sim.fault_plan.draw()
     if fault is not None and fault.kind in HTTP_KINDS:
-        status, err_type, message = _FAULT_STATUS[fault.kind]
-        rec.status, rec.fault, rec.error = status, fault.kind, message
-        rec.finished = clock()
-        sim.add_record(rec)
-        headers = {"Retry-After": "1"} if status in (429, 503) else None
-        return error_response(ApiError(status, message, err_type), headers)
-
+        return _refuse(sim, rec, fault.kind)
     router = sim.pd   # a PD variant: the proxy's legs (``pd``); None: colocated engines
     driver = pick_driver(sim.drivers if router is None else router.decode)
     if driver is None:
         return error_response(ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError"))
     text, eos_after = sim.output_text(sreq)
     created = int(time.time())
-    fmt = None
-    if sreq.stream:
-        fmt = ChunkFormat(kind, request_id, sreq.model, created, len(sreq.prompt_ids),
-                          sreq.continuous_usage)
-    stream = RequestStream(rec, text, fmt, sim.tokenizer.token_json, driver.metrics,
-                           sreq.include_usage or sim.force_include_usage, sim.prompt_tokens_details,
-                           asyncio.get_running_loop())
+    stream = _request_stream(sim, kind, sreq, rec, text, created, driver)
     if fault is not None and sreq.stream:
         expected = sreq.max_tokens if eos_after is None else min(eos_after, sreq.max_tokens)
         stream.set_fault(fault, expected, sim.fault_plan.spec.stall_s)
@@ -132,11 +106,60 @@ async def _generate(request: web.Request, kind: str) -> web.StreamResponse:
         return resp
     if rec.error == "engine dead":
         return error_response(ApiError(500, ENGINE_DEAD_MESSAGE, "InternalServerError"))
+    return _whole_response(sim, kind, sreq, rec, text, created)
+
+
+async def _parse(request: web.Request, kind: str, sim):
+    """The request, validated and tokenized, and when it arrived; raises ApiError."""
+    raw = await request.read()
+    arrival = clock()  # as vLLM: arrived once the body is in (a slow upload is not queueing)
+    body = parse_body(raw)
+    resolve_model(body, sim.served)
+    prompt = prompt_input(kind, body, sim.tokenizer.vocab_size)
+    prompt_ids = await sim.encode(prompt) if isinstance(prompt, str) else prompt
+    return parse_generate(kind, body, prompt_ids, sim.served), arrival
+
+
+def _record(request: web.Request, kind: str, sreq, arrival: float) -> ServerRecord:
+    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+    internal = uuid.uuid4().hex
+    # As vLLM's serving code (_base_request_id): the caller's X-Request-Id names the response,
+    # so client rows and server records join on it; otherwise a random id.
+    header_id = request.headers.get("X-Request-Id")
+    request_id = prefix + (internal if header_id is None else header_id)
+    return ServerRecord(request_id, kind, sreq.model, arrival, sreq.stream,
+                        len(sreq.prompt_ids), sreq.max_tokens, x_request_id=header_id,
+                        engine_id=prefix + internal)
+
+
+def _refuse(sim, rec: ServerRecord, fault: str) -> web.Response:
+    """An injected HTTP error instead of an answer; the record keeps it."""
+    status, err_type, message = _FAULT_STATUS[fault]
+    rec.status, rec.fault, rec.error = status, fault, message
+    rec.finished = clock()
+    sim.add_record(rec)
+    headers = {"Retry-After": "1"} if status in (429, 503) else None
+    return error_response(ApiError(status, message, err_type), headers)
+
+
+def _request_stream(sim, kind: str, sreq, rec: ServerRecord, text, created: int,
+                    driver) -> RequestStream:
+    fmt = None
+    if sreq.stream:
+        fmt = ChunkFormat(kind, rec.request_id, sreq.model, created, len(sreq.prompt_ids),
+                          sreq.continuous_usage)
+    return RequestStream(rec, text, fmt, sim.tokenizer.token_json, driver.metrics,
+                         sreq.include_usage or sim.force_include_usage, sim.prompt_tokens_details,
+                         asyncio.get_running_loop())
+
+
+def _whole_response(sim, kind: str, sreq, rec: ServerRecord, text, created: int) -> web.Response:
+    """A non-streaming answer: the whole text, rendered once the engine finished it."""
     body_text = "".join(sim.tokenizer.token_text[i] for i in text.ids(0, rec.output_tokens))
     cached = rec.cached_tokens if sim.prompt_tokens_details else None
     build = chat_response if kind == "chat" else completion_response
-    return json_response(build(request_id, sreq.model, created, body_text, rec.finish_reason,
-                               rec.prompt_tokens, rec.output_tokens, cached))
+    return json_response(build(rec.request_id, sreq.model, created, body_text,
+                               rec.finish_reason, rec.prompt_tokens, rec.output_tokens, cached))
 
 
 def _engine_dead(sim, rec: ServerRecord | None) -> web.Response:

@@ -156,7 +156,7 @@ def prompt_input(kind: str, body: dict, vocab_size: int) -> str | list[int]:
 def parse_generate(kind: str, body: dict, prompt_ids: list[int], served: ServedModel,
                    ) -> SimRequest:
     """Validate a completions or chat request whose prompt is tokenized (``prompt_input``);
-    raises ApiError with vLLM's status and message."""
+    raises ApiError with vLLM's status and message, the first vLLM would find."""
     model = resolve_model(body, served)
     n = _opt_int(body, "n")
     if n is not None and n != 1:
@@ -167,6 +167,24 @@ def parse_generate(kind: str, body: dict, prompt_ids: list[int], served: ServedM
     if max_tokens is None:
         max_tokens = _opt_int(body, "max_tokens")
     stream = _opt_bool(body, "stream")
+    opts = _stream_options(body, stream)
+    temperature, min_tokens, seed, ignore_eos = _sampling(body)
+    max_tokens = _fit_context(kind, len(prompt_ids), max_tokens, served.max_model_len)
+    if min_tokens > max_tokens:
+        raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                       f"got {min_tokens}.", param="min_tokens")
+    return SimRequest(
+        kind=kind, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
+        min_tokens=min_tokens, ignore_eos=ignore_eos,
+        temperature=1.0 if temperature is None else temperature, seed=seed, stream=stream,
+        include_usage=_opt_bool(opts, "include_usage"),
+        # as vLLM: per-chunk usage only together with include_usage
+        continuous_usage=_opt_bool(opts, "include_usage") and _opt_bool(
+            opts, "continuous_usage_stats"),
+    )
+
+
+def _stream_options(body: dict, stream: bool) -> dict:
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise _field_error("stream_options", "model_type", "Input should be an object", opts)
@@ -174,6 +192,11 @@ def parse_generate(kind: str, body: dict, prompt_ids: list[int], served: ServedM
     if opts and not stream:
         raise ApiError(400, "Stream options can only be defined when `stream=True`.",
                        param="stream_options")
+    return opts
+
+
+def _sampling(body: dict) -> tuple[float | None, int, int | None, bool]:
+    """temperature, min_tokens, seed and ignore_eos, checked as vLLM's SamplingParams does."""
     temperature = _opt_float(body, "temperature")
     top_p = _opt_float(body, "top_p")
     min_tokens = _opt_int(body, "min_tokens") or 0
@@ -187,38 +210,29 @@ def parse_generate(kind: str, body: dict, prompt_ids: list[int], served: ServedM
     if min_tokens < 0:
         raise ApiError(400, f"min_tokens must be greater than or equal to 0, got {min_tokens}.",
                        param="min_tokens")
+    return temperature, min_tokens, seed, ignore_eos
 
-    n_prompt = len(prompt_ids)
+
+def _fit_context(kind: str, n_prompt: int, max_tokens: int | None, limit: int) -> int:
+    """max_tokens as asked, or what the context leaves after the prompt when not asked."""
     if n_prompt == 0:
         raise ApiError(400, "The prompt cannot be empty.", param="prompt")
-    limit = served.max_model_len
     if n_prompt >= limit:
         raise ApiError(
             400, f"This model's maximum context length is {limit} tokens. However, your request "
             f"has {n_prompt} input tokens. Please reduce the length of the input messages.",
             param="messages" if kind == "chat" else "prompt")
     if max_tokens is None:
-        max_tokens = limit - n_prompt
-    elif max_tokens < 1:
+        return limit - n_prompt
+    if max_tokens < 1:
         raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.",
                        param="max_tokens")
-    elif n_prompt + max_tokens > limit:
+    if n_prompt + max_tokens > limit:
         raise ApiError(
             400, f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This "
             f"model's maximum context length is {limit} tokens and your request has {n_prompt} "
             f"input tokens ({max_tokens} > {limit} - {n_prompt}).", param="max_tokens")
-    if min_tokens > max_tokens:
-        raise ApiError(400, f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
-                       f"got {min_tokens}.", param="min_tokens")
-    return SimRequest(
-        kind=kind, model=model, prompt_ids=prompt_ids, max_tokens=max_tokens,
-        min_tokens=min_tokens, ignore_eos=ignore_eos,
-        temperature=1.0 if temperature is None else temperature, seed=seed, stream=stream,
-        include_usage=_opt_bool(opts, "include_usage"),
-        # as vLLM: per-chunk usage only together with include_usage
-        continuous_usage=_opt_bool(opts, "include_usage") and _opt_bool(
-            opts, "continuous_usage_stats"),
-    )
+    return max_tokens
 
 
 def usage_json(prompt: int, completion: int, cached: int | None = None,

@@ -75,42 +75,17 @@ def serve(config: EngineConfig, instances: int | PDSpec, salt: str | None,
     instance's start-up, each line prefixed ``prefill-0 | `` or ``decode-0 | `` as
     ``docker compose logs`` prefixes a service's."""
     speaks = dialect(config)
-    pd = instances if isinstance(instances, PDSpec) else None
-    names = [] if pd is None else [f"{pd.role(i)}-{pd.index_in_role(i)}"
-                                   for i in range(pd.prefill + pd.decode)]
 
     def log(line: str, instance: str | None = None) -> None:
         prefix = "" if instance is None else f"{instance} | "
         print(prefix + speaks.format_line(line), flush=True)
 
-    shown = instances if pd is None else f"{len(names)} ({pd.prefill} prefill + {pd.decode} decode)"
-    log(f"servelab sim: {config.model.hf_id} on {config.hardware.name} "
-        f"(TP={config.tensor_parallel_size}, DP={config.data_parallel_size}, "
-        f"instances={shown}, kernel path {config.quant.name})")
-    log(f"servelab sim: cost model from {resolve_cost(config)[1]}")
-    plan = plan_kv_cache(config)
-    lines = speaks.startup_lines(config, plan, opts.seed, opts.vllm_version)
-    for line in lines if pd is None else ():
-        log(line)
-    for i, name in enumerate(names):
-        for line in lines + connector_lines(pd, i, opts.seed):
-            log(line, name)
+    plan = _log_startup(config, instances, speaks, opts, log)
     if plan.errors:
         print(_vllm_error_line(plan.errors[0]), file=sys.stderr, flush=True)
         return 1
-    server = SimServer(config, seed=opts.seed, faults=opts.faults, instances=instances,
-                       output_divergence=opts.output_divergence, divergence_salt=salt,
-                       guard_s=max(opts.timer_guard_ms, 0.0) / 1000.0,
-                       api_keys=list(opts.api_keys), log=log)
+    server = _build_server(config, instances, salt, opts, log)
     iterations = attach_iteration_log(server) if opts.iteration_details else None
-    if opts.vllm_version:
-        pd_pages = [i.exporter for i in server.pd.instances] if server.pd is not None else []
-        for exporter in [server.exporter, *pd_pages]:
-            exporter.imitate(opts.vllm_version)
-    if server.dev_mode:
-        log("WARNING SECURITY WARNING: Development endpoints are enabled! This should NOT be used "
-            "in production!")
-
     gc.freeze()  # start-up objects (corpus, tokenizer tables) stay out of later GC passes
     loop = new_event_loop()
     asyncio.set_event_loop(loop)
@@ -120,23 +95,7 @@ def serve(config: EngineConfig, instances: int | PDSpec, salt: str | None,
     stats_task = None
     try:
         url = loop.run_until_complete(server.start(opts.host, opts.port))
-        log(f"Serving {', '.join(server.served.names)} at {url} (max_model_len "
-            f"{config.max_model_len}; {len(server.engines)} engine(s))")
-        if server.api_keys:
-            log(f"API key authentication on /v1, /v2, /inference, /cohere "
-                f"({len(server.api_keys)} key(s))")
-        if server.fault_plan.spec.enabled:
-            log(f"Fault injection: {opts.faults}")
-        if server.pd is not None:
-            for inst in server.pd.instances:
-                log(f"servelab sim: {inst.role} instance (engine {inst.driver.index}) serves "
-                    f"/metrics and /health at {inst.url}", inst.name)
-                if speaks.ready_line:
-                    log(speaks.ready_line, inst.name)
-            log(f"servelab sim: {url} is the proxy (vLLM's toy_proxy_server.py): one OpenAI "
-                f"endpoint, no /metrics")
-        if speaks.ready_line:
-            log(speaks.ready_line)
+        _announce(server, url, config, speaks, opts, log)
         if opts.ready_file:
             write_ready_file(opts.ready_file, url)
         if opts.log_stats_interval > 0:
@@ -153,3 +112,63 @@ def serve(config: EngineConfig, instances: int | PDSpec, salt: str | None,
         if opts.ready_file and os.path.exists(opts.ready_file):
             os.remove(opts.ready_file)
     return 0
+
+
+def _log_startup(config: EngineConfig, instances: int | PDSpec, speaks, opts: ServeOptions,
+                 log):
+    """servelab's two lines, then the kind's start-up lines (once per instance for PD); the KV
+    cache plan they were written from (its errors end the start-up as vLLM's would)."""
+    pd = instances if isinstance(instances, PDSpec) else None
+    names = [] if pd is None else [f"{pd.role(i)}-{pd.index_in_role(i)}"
+                                   for i in range(pd.prefill + pd.decode)]
+    shown = instances if pd is None else f"{len(names)} ({pd.prefill} prefill + {pd.decode} decode)"
+    log(f"servelab sim: {config.model.hf_id} on {config.hardware.name} "
+        f"(TP={config.tensor_parallel_size}, DP={config.data_parallel_size}, "
+        f"instances={shown}, kernel path {config.quant.name})")
+    log(f"servelab sim: cost model from {resolve_cost(config)[1]}")
+    plan = plan_kv_cache(config)
+    lines = speaks.startup_lines(config, plan, opts.seed, opts.vllm_version)
+    for line in lines if pd is None else ():
+        log(line)
+    for i, name in enumerate(names):
+        for line in lines + connector_lines(pd, i, opts.seed):
+            log(line, name)
+    return plan
+
+
+def _build_server(config: EngineConfig, instances: int | PDSpec, salt: str | None,
+                  opts: ServeOptions, log) -> SimServer:
+    server = SimServer(config, seed=opts.seed, faults=opts.faults, instances=instances,
+                       output_divergence=opts.output_divergence, divergence_salt=salt,
+                       guard_s=max(opts.timer_guard_ms, 0.0) / 1000.0,
+                       api_keys=list(opts.api_keys), log=log)
+    if opts.vllm_version:
+        pd_pages = [i.exporter for i in server.pd.instances] if server.pd is not None else []
+        for exporter in [server.exporter, *pd_pages]:
+            exporter.imitate(opts.vllm_version)
+    if server.dev_mode:
+        log("WARNING SECURITY WARNING: Development endpoints are enabled! This should NOT be used "
+            "in production!")
+    return server
+
+
+def _announce(server: SimServer, url: str, config: EngineConfig, speaks, opts: ServeOptions,
+              log) -> None:
+    """The lines once the server listens: where, with what, and the kind's ready line."""
+    log(f"Serving {', '.join(server.served.names)} at {url} (max_model_len "
+        f"{config.max_model_len}; {len(server.engines)} engine(s))")
+    if server.api_keys:
+        log(f"API key authentication on /v1, /v2, /inference, /cohere "
+            f"({len(server.api_keys)} key(s))")
+    if server.fault_plan.spec.enabled:
+        log(f"Fault injection: {opts.faults}")
+    if server.pd is not None:
+        for inst in server.pd.instances:
+            log(f"servelab sim: {inst.role} instance (engine {inst.driver.index}) serves "
+                f"/metrics and /health at {inst.url}", inst.name)
+            if speaks.ready_line:
+                log(speaks.ready_line, inst.name)
+        log(f"servelab sim: {url} is the proxy (vLLM's toy_proxy_server.py): one OpenAI "
+            f"endpoint, no /metrics")
+    if speaks.ready_line:
+        log(speaks.ready_line)

@@ -108,23 +108,9 @@ class SimServer:
                                      if pd is not None and i < pd.prefill else self._on_finished,
                                      guard_s, resync_after_s)
                         for i, (e, m) in enumerate(zip(self.engines, self.frontend))]
-        cache_info = {
-            "block_size": str(config.block_size), "cache_dtype": config.kv_cache_dtype,
-            "enable_prefix_caching": str(config.enable_prefix_caching),
-            "gpu_memory_utilization": str(config.gpu_memory_utilization),
-            "num_cpu_blocks": "None", "swap_space": "4", "is_attention_free": "False",
-            "sliding_window": "None",
-        }
         self.http_requests: dict[tuple[str, str, str], int] = {}  # (handler, method, "2xx")
         self.kind = server_kind(config.server_kind)
-        collector = SimCollector(config.served_model_name, self.engines, self.frontend,
-                                 cache_info, config.num_speculative_tokens, self.http_requests)
-        # A kind with its own /metrics writes it from the same numbers (ServerKind.sim_metrics).
-        page = self.kind.sim_metrics(collector) if self.kind.sim_metrics else collector
-        self.exporter = MetricsExporter(page)
-        self.pd = None if pd is None else PDRouter(
-            pd, self.drivers, kv_link(config, pd.kv_link_gb_s),
-            (config.served_model_name, cache_info, config.num_speculative_tokens))
+        self._expose_metrics(config, pd)
         self.records: list[ServerRecord] = []
         self._next_seq = 1
         self.max_records = max_records
@@ -140,6 +126,25 @@ class SimServer:
         # vLLM's --api-key (or VLLM_API_KEY): 401 on its guarded routes without the key.
         self.api_keys = configured_keys(api_keys, config.serve_args.ignored)
         self.log = log or (lambda line: None)
+
+    def _expose_metrics(self, config: EngineConfig, pd: PDSpec | None) -> None:
+        """/metrics: vLLM's families from the engines' and frontend's numbers, in the kind's
+        dialect; a PD variant's instances each serve their own (``PDRouter``)."""
+        cache_info = {
+            "block_size": str(config.block_size), "cache_dtype": config.kv_cache_dtype,
+            "enable_prefix_caching": str(config.enable_prefix_caching),
+            "gpu_memory_utilization": str(config.gpu_memory_utilization),
+            "num_cpu_blocks": "None", "swap_space": "4", "is_attention_free": "False",
+            "sliding_window": "None",
+        }
+        collector = SimCollector(config.served_model_name, self.engines, self.frontend,
+                                 cache_info, config.num_speculative_tokens, self.http_requests)
+        # A kind with its own /metrics writes it from the same numbers (ServerKind.sim_metrics).
+        page = self.kind.sim_metrics(collector) if self.kind.sim_metrics else collector
+        self.exporter = MetricsExporter(page)
+        self.pd = None if pd is None else PDRouter(
+            pd, self.drivers, kv_link(config, pd.kv_link_gb_s),
+            (config.served_model_name, cache_info, config.num_speculative_tokens))
 
     # -- per request ---------------------------------------------------------------------------
     async def encode(self, text: str) -> list[int]:

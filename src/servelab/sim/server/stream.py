@@ -139,30 +139,13 @@ class RequestStream:
             fault = None  # not yet: never on the first chunk
         if fault is not None:
             self.fault = None
-            rec.fault = fault
-            if fault == "error_event":
-                rec.output_tokens = start  # this step's tokens never reach the client
-                self._write(error_frame("Injected fault: the engine failed mid-stream "
-                                        "(servelab sim --faults error_event)") + DONE_FRAME, now)
-                self._finish("abort", now, error="error_event")
-                self._abort_engine(now)
+            if self._strike(fault, start, now):
                 return
-            if fault == "stall":
-                self.stalled_until = now + self.stall_s
-                self.loop.call_later(self.stall_s, self._flush)
-            elif fault == "malformed":
-                self.pending.append(self.fmt.malformed())
         # a cut connection never gets the usage chunk or [DONE]
         frames = self._content_frames(start, end, finished, reason, tail=fault != "cut")
         rec.chunk_tokens.append(n_new)
         if fault == "cut":
-            rec.chunk_times.append(now)
-            self._write(frames, now)
-            self._finish("abort" if not finished else reason, now, error="cut")
-            if self.transport is not None:
-                self.transport.close()
-            if not finished:
-                self._abort_engine(now)
+            self._cut(frames, finished, reason, now)
             return
         if self.stalled_until:
             self.pending.append(frames)
@@ -174,6 +157,35 @@ class RequestStream:
         self._write(frames, now)
         if finished:
             self._finish(reason, now)
+
+    # The fault's own steps: off the per-chunk path, they run once in a request's life.
+    def _strike(self, fault: str, start: int, now: float) -> bool:
+        """The drawn fault strikes at this chunk; True when it ended the request."""
+        rec = self.record
+        rec.fault = fault
+        if fault == "error_event":
+            rec.output_tokens = start  # this step's tokens never reach the client
+            self._write(error_frame("Injected fault: the engine failed mid-stream "
+                                    "(servelab sim --faults error_event)") + DONE_FRAME, now)
+            self._finish("abort", now, error="error_event")
+            self._abort_engine(now)
+            return True
+        if fault == "stall":
+            self.stalled_until = now + self.stall_s
+            self.loop.call_later(self.stall_s, self._flush)
+        elif fault == "malformed":
+            self.pending.append(self.fmt.malformed())
+        return False
+
+    def _cut(self, frames: bytes, finished: bool, reason: str | None, now: float) -> None:
+        """This chunk's content goes out, then the connection is closed under the client."""
+        self.record.chunk_times.append(now)
+        self._write(frames, now)
+        self._finish("abort" if not finished else reason, now, error="cut")
+        if self.transport is not None:
+            self.transport.close()
+        if not finished:
+            self._abort_engine(now)
 
     def _content_frames(self, start: int, end: int, finished: bool, reason: str | None,
                         tail: bool = True) -> bytes:
