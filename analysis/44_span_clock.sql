@@ -1,8 +1,13 @@
 -- span_clock: the clock offset theta between the server of a run and its client (server clock -
 -- client clock, ms), one row per run with joined spans; every phase of request_phases uses it.
 --   fwd_min_ms = min over joined requests of 1000*(span start - sent_unix)   (>= theta)
---   bwd_min_ms = min of 1000*(last_token_unix - server last output)          (>= -theta)
---     where server last output = span start + e2e_s (end_unix when e2e_s is missing).
+--   bwd_min_ms = min of 1000*(first_token_unix - server first output)        (>= -theta)
+--     where server first output = span start + time_to_first_token_s. The first token, not the
+--     last: the client's last chunk carrying text can come before the server's last output
+--     (tokens whose bytes end no character yet carry no text, so a stream's tail can be text-
+--     less); measured on an H200 (vLLM 0.26, random weights), up to 286 ms, which made one run's
+--     bounds contradict and its offset 143 ms on the same host. The first text chunk can only
+--     come after the server's first output.
 --   same host (the run's target is 127.0.0.1, localhost or [::1]) and 0 within
 --     [-bwd_min_ms, fwd_min_ms]: theta = 0, clock_offset_source 'same_host';
 --   else theta = (fwd_min_ms - bwd_min_ms) / 2 (NTP's midpoint of the smallest delays each
@@ -18,12 +23,13 @@ WITH firsts AS (
 delays AS (
     SELECT s.run_id,
         min(1000 * (s.start_unix - r.sent_unix)) AS fwd_min_ms,
-        min(1000 * (r.last_token_unix - coalesce(s.start_unix + s.e2e_s, s.end_unix)))
+        min(1000 * (r.first_token_unix - (s.start_unix + s.time_to_first_token_s)))
             AS bwd_min_ms,
         count(*) AS joined
     FROM firsts s
     JOIN requests r ON r.run_id = s.run_id AND r.request_id = s.request_id
-    WHERE r.sent_unix IS NOT NULL AND r.last_token_unix IS NOT NULL
+    WHERE r.sent_unix IS NOT NULL AND r.first_token_unix IS NOT NULL
+        AND s.time_to_first_token_s IS NOT NULL
     GROUP BY s.run_id
 )
 SELECT d.run_id, d.joined, d.fwd_min_ms, d.bwd_min_ms,

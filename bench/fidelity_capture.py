@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from capture_export import open_export  # noqa: E402  (a sibling script, not a package)
 WORKLOADS = ROOT / "bench" / "fidelity_workloads"
 MODEL, HARDWARE = "Qwen/Qwen2.5-7B-Instruct", "H200"
 COLS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tokens_per_s")
@@ -60,6 +62,16 @@ def stage_figures(con, run_id: str, classes: bool) -> dict:
     return {(int(r[0]), r[1]): (r[2], dict(zip(COLS, r[3:]))) for r in rows}
 
 
+def stored_profile(con, run: str, work: Path) -> Path | None:
+    """The profile the run recorded (runs.profile_text), written out for ``servelab predict``."""
+    row = con.execute("SELECT profile_text FROM runs WHERE run_id = ?", [run]).fetchone()
+    if not row or not row[0]:
+        return None
+    path = work / f"{run}.yaml"
+    path.write_text(row[0])
+    return path
+
+
 def predict_run(profile: Path, args, work: Path, capture: Path) -> dict:
     import duckdb
 
@@ -83,15 +95,7 @@ def predict_run(profile: Path, args, work: Path, capture: Path) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("capture", type=Path)
-    ap.add_argument("--runs", default=None, help="run ids (default: every run in capture.duckdb)")
-    ap.add_argument("--variant", default="bf16")
-    ap.add_argument("--hardware", default=HARDWARE)
-    ap.add_argument("--classes", action="store_true")
-    ap.add_argument("--defaults", action="store_true")
-    ap.add_argument("--calibration", type=Path, default=None)
-    args = ap.parse_args(argv)
+    args = _arguments(argv)
     import duckdb
 
     from servelab.sim.engine.costs import resolve_cost
@@ -105,9 +109,8 @@ def main(argv=None) -> int:
             shutil.copy(args.calibration, caldir / args.calibration.name)
         os.environ["SERVELAB_CALIBRATION_DIR"] = str(caldir)
     db = args.capture / "capture.duckdb"
-    if not db.exists():
-        raise SystemExit(f"{db}: no such file; a capture folder holds servelab's capture.duckdb")
-    con = duckdb.connect(str(db), read_only=True)
+    con = (duckdb.connect(str(db), read_only=True) if db.exists()
+           else open_export(args.capture))   # a capture kept in the repository
     runs = (args.runs.split(",") if args.runs else
             [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY started_unix").fetchall()])
     config = build_engine_config(args.hardware, MODEL, serve_args(args.capture, args.variant))
@@ -119,36 +122,59 @@ def main(argv=None) -> int:
         if not profile.exists():
             profile = WORKLOADS / f"{run}.yaml"
         if not profile.exists():
+            profile = stored_profile(con, run, work)
+        if profile is None:
             print(f"\n{run}: no profile ({run}.yaml in the capture or {WORKLOADS})")
             continue
         real = stage_figures(con, run, args.classes)
         pred = predict_run(profile, args, work, args.capture)
-        print(f"\n{run}  (ratio = predicted/measured; * outside its target)")
-        print(f"{'users':>5} {'class':<7} {'n':>4} {'':9}"
-              + "".join(f"{SHORT[c]:>10}" for c in COLS))
-        for key in sorted(real):
-            n, m = real[key]
-            p = pred.get(key, (0, {}))[1]
-            ratios = []
-            for c in COLS:
-                mv, pv = m.get(c), p.get(c)
-                if not mv or pv is None:
-                    ratios.append(f"{'-':>10}")
-                    continue
-                ok = abs(pv / mv - 1) <= TARGETS[c]
-                if key[1] == "(all)":
-                    cells += 1
-                    bad += not ok
-                ratios.append(f"{pv / mv:9.2f}{' ' if ok else '*'}")
-            fmt = lambda d: "".join(f"{d[c]:10.1f}" if d.get(c) is not None else f"{'-':>10}"
-                                    for c in COLS)  # noqa: E731
-            print(f"{key[0]:>5} {key[1]:<7} {n:>4} measured " + fmt(m))
-            print(f"{'':>18} predicted" + fmt(p))
-            print(f"{'':>18} ratio    " + "".join(ratios))
+        run_bad, run_cells = print_comparison(run, real, pred)
+        bad, cells = bad + run_bad, cells + run_cells
     print(f"\n(all) cells outside target: {bad} of {cells}")
     con.close()
     shutil.rmtree(work, ignore_errors=True)
     return 0
+
+
+def _arguments(argv) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("capture", type=Path)
+    ap.add_argument("--runs", default=None, help="run ids (default: every run in capture.duckdb)")
+    ap.add_argument("--variant", default="bf16")
+    ap.add_argument("--hardware", default=HARDWARE)
+    ap.add_argument("--classes", action="store_true")
+    ap.add_argument("--defaults", action="store_true")
+    ap.add_argument("--calibration", type=Path, default=None)
+    return ap.parse_args(argv)
+
+
+def print_comparison(run: str, real: dict, pred: dict) -> tuple[int, int]:
+    """One run's measured and predicted figures and their ratios; of its (all) cells, how many
+    are outside their target and how many there are."""
+    bad = cells = 0
+    print(f"\n{run}  (ratio = predicted/measured; * outside its target)")
+    print(f"{'users':>5} {'class':<7} {'n':>4} {'':9}"
+          + "".join(f"{SHORT[c]:>10}" for c in COLS))
+    for key in sorted(real):
+        n, m = real[key]
+        p = pred.get(key, (0, {}))[1]
+        ratios = []
+        for c in COLS:
+            mv, pv = m.get(c), p.get(c)
+            if not mv or pv is None:
+                ratios.append(f"{'-':>10}")
+                continue
+            ok = abs(pv / mv - 1) <= TARGETS[c]
+            if key[1] == "(all)":
+                cells += 1
+                bad += not ok
+            ratios.append(f"{pv / mv:9.2f}{' ' if ok else '*'}")
+        fmt = lambda d: "".join(f"{d[c]:10.1f}" if d.get(c) is not None else f"{'-':>10}"
+                                for c in COLS)  # noqa: E731
+        print(f"{key[0]:>5} {key[1]:<7} {n:>4} measured " + fmt(m))
+        print(f"{'':>18} predicted" + fmt(p))
+        print(f"{'':>18} ratio    " + "".join(ratios))
+    return bad, cells
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ start() {
     curl -s http://127.0.0.1:${PORT[$v]}/metrics > $W/logs/${v}_metrics_start.txt
   done
   log warmed
-  python3 - > $W/cpu.csv 2>&1 <<'PY' &
+  # setsid, like the servers: a plain background job ends with the device call that started it
+  cat > $W/cpu_sampler.py <<'PY'
 import psutil, time
 print("unix,role,port,pid,cpu_percent")
 ps = []
@@ -86,19 +87,20 @@ while True:
         try: print(f"{time.time():.2f},{r},{port},{p.pid},{p.cpu_percent(None):.0f}", flush=True)
         except Exception: pass
 PY
+  setsid python3 $W/cpu_sampler.py > $W/cpu.csv 2>&1 < /dev/null &
   echo $! > $W/cpu.pid
   nvidia-smi > $W/nvidia-smi_up.txt 2>&1
 }
 
 one_run() {  # $1 variant, $2 profile, $3 run id, $4 db
   local v=$1
-  curl -s http://127.0.0.1:${PORT[$v]}/metrics > $W/logs/${3}_metrics_before.txt
+  curl -s http://127.0.0.1:${PORT[$v]}/metrics > $W/logs/${v}_${3}_metrics_before.txt
   SERVELAB_MODEL=$M SERVELAB_MODEL_GPTQ=${M}_gptq SERVELAB_MODEL_AWQ=${M}_awq SL run --profile "$2" --target http://127.0.0.1:${PORT[$v]} \
     --variant $v --db "$4" --run-id "$3" --otlp-port 4318 --gpu-telemetry nvml \
-    --log $Q/$v/startup.log --quiet --tag gpu=h200 > $W/run_$3.log 2>&1
-  log "run $3 rc=$?"
-  curl -s http://127.0.0.1:${PORT[$v]}/metrics > $W/logs/${3}_metrics_after.txt
-  grep -E "server phases|clock offset|J/token|error|Error" $W/run_$3.log | head -12
+    --log $Q/$v/startup.log --quiet --tag gpu=h200 > $W/logs/run_${v}_$3.log 2>&1
+  log "run $v $3 rc=$?"
+  curl -s http://127.0.0.1:${PORT[$v]}/metrics > $W/logs/${v}_${3}_metrics_after.txt
+  grep -E "server phases|clock offset|J/token|error|Error" $W/logs/run_${v}_$3.log | head -12
 }
 
 # One database per variant in bench/h200_int4.sh's layout (run.duckdb, cmd.txt, verify.txt), so
@@ -117,7 +119,8 @@ phases() {
 fidelity() {
   for v in "$@"; do for w in rag_chat code_gen; do
     mkdir -p $W/fidelity_$v; cp $Q/$v/cmd.txt $W/fidelity_$v/
-    one_run $v bench/fidelity_workloads/$w.yaml ${w}_$v $W/fidelity_$v/capture.duckdb
+    # run id = the profile's name: bench/fidelity_capture.py replays each run by it
+    one_run $v bench/fidelity_workloads/$w.yaml $w $W/fidelity_$v/capture.duckdb
   done; done
 }
 collect() {

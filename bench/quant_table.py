@@ -2,8 +2,9 @@
 
     python bench/quant_table.py RESULTS [--out servers/captured/quant_h200] [--no-predict]
 
-RESULTS is what ``bench/h200_int4.sh`` leaves (unpacked ``quant_h200.tar.xz``): one folder per
-variant (bf16, fp8, gptq_int4, awq_int4) holding ``run.duckdb``, ``cmd.txt`` (the exact ``vllm
+RESULTS is what ``bench/h200_int4.sh`` or ``bench/h200_lease.sh`` leaves: one folder per
+variant (bf16, fp8, gptq_int4, awq_int4) holding ``run.duckdb`` (or its export by
+``bench/capture_export.py``, ``phases_<variant>/``, as ``servers/captured/h200_20261202`` keeps it), ``cmd.txt`` (the exact ``vllm
 serve`` line) and ``verify.txt``. For each run it reads ``stage_summary`` per load level
 (throughput and latency), then predicts the same profile with the same serve flags in virtual
 time (``servelab predict --hardware H200``; the profile is the one stored with the run) and
@@ -24,6 +25,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from capture_export import open_export  # noqa: E402  (a sibling script, not a package)
 VARIANTS = ("bf16", "fp8", "gptq_int4", "awq_int4")
 FIGURES = (("output_tokens_per_s", "tok/s"), ("ttft_p50_ms", "TTFT p50"),
            ("ttft_p99_ms", "TTFT p99"), ("tpot_p50_ms", "TPOT p50"), ("itl_p99_ms", "ITL p99"),
@@ -40,9 +43,14 @@ WHERE s.class_name = '(all)' ORDER BY r.run_id, users
 
 def read_runs(db: Path) -> list[dict]:
     """stage_summary rows of every run in ``db`` (copied first: fetched files are read-only and
-    opening installs the views)."""
+    opening installs the views), or in a folder ``bench/capture_export.py`` wrote."""
     from servelab.analysis.views import open_results_db
 
+    if db.is_dir():
+        con = open_export(db)
+        cur = con.execute(QUERY.format(figures=", ".join(f"s.{f}" for f, _ in FIGURES)))
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row)) for row in cur.fetchall()]
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / db.name
         shutil.copy(db, copy)
@@ -92,10 +100,13 @@ def build(results: Path, with_predict: bool) -> tuple[list[dict], list[str]]:
     with tempfile.TemporaryDirectory() as tmp:
         for variant in VARIANTS:
             folder = results / variant
-            if not (folder / "run.duckdb").is_file():
-                notes.append(f"{variant}: no {folder / 'run.duckdb'} (not measured)")
+            source = folder / "run.duckdb"
+            if not source.is_file():   # kept in the repository: the exported phases run
+                source = folder / f"phases_{variant}"
+            if not source.exists():
+                notes.append(f"{variant}: no {folder / 'run.duckdb'} or {source} (not measured)")
                 continue
-            measured = [r for r in read_runs(folder / "run.duckdb") if r["variant"] == variant]
+            measured = [r for r in read_runs(source) if r["variant"] == variant]
             if not measured:
                 notes.append(f"{variant}: run.duckdb holds no run of variant {variant}")
                 continue

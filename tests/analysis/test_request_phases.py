@@ -125,10 +125,11 @@ def test_every_real_request_gets_its_phases_and_they_add_up(tmp_path):
     con = load(tmp_path, real_rows())
     clock = con.execute("SELECT run_id, clock_offset_ms, clock_offset_source, clock_offset_lo_ms,"
                         " clock_offset_hi_ms FROM span_clock ORDER BY 1").fetchall()
-    # same host: 0 inside the bounds the smallest delays give (each well under 5 ms)
+    # same host: 0 inside the bounds the smallest delays give (the first token's way back, the
+    # lower bound, is longer than the way in: detokenize and SSE at 256 users, under 10 ms)
     assert [(r, o, s) for r, o, s, _, _ in clock] == [("cap_chat", 0.0, "same_host"),
                                                      ("cap_prefill", 0.0, "same_host")]
-    assert all(-5 < lo <= 0 <= hi < 5 for *_, lo, hi in clock)
+    assert all(-10 < lo <= 0 <= hi < 5 for *_, lo, hi in clock)
     rows = con.execute(
         "SELECT ttft_ms, to_server_ms, queue_ms, prefill_ms, to_client_ms, ttft_residual_ms, "
         "server_other_ms, e2e_ms, decode_ms, last_to_client_ms, e2e_residual_ms, has_span "
@@ -179,3 +180,17 @@ def test_span_row_matches_its_table(tmp_path):
                                       "WHERE table_name = 'server_spans' ORDER BY "
                                       "ordinal_position").fetchall()]
     assert cols == list(spans.SpanRow.__slots__)
+
+
+def test_a_text_less_stream_tail_does_not_move_the_clock(tmp_path):
+    """Random weights on the H200 ended streams with tokens that carried no text yet: the
+    client's last text chunk came up to 286 ms before the server's last output, and bounds taken
+    from the last token put one same-host run's offset at 143 ms (2026-12-02 capture)."""
+    con = load(tmp_path, real_rows())
+    before = con.execute("SELECT * FROM span_clock ORDER BY run_id").fetchall()
+    con.execute("UPDATE requests SET last_token_unix = last_token_unix - 0.3 "
+                "WHERE request_id = 'cap_chat-w0-110'")
+    assert con.execute("SELECT * FROM span_clock ORDER BY run_id").fetchall() == before
+    e2e = con.execute("SELECT last_to_client_ms FROM request_phases "
+                      "WHERE request_id = 'cap_chat-w0-110'").fetchone()[0]
+    assert e2e < -250   # the E2E side reports it as it is: a negative last hop, never hidden
