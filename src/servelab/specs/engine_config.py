@@ -1,9 +1,9 @@
 """A server's engine configuration, decided the way vLLM decides it at start-up.
 
 ``build_engine_config(hardware, model, serve_args)`` applies vLLM's per-GPU batch defaults, picks
-the quantization kernel path (native FP8 W8A8, FP8 weight-only Marlin below cc 8.9, W4A16 Marlin
-for GPTQ/AWQ checkpoints, the slow kernels when ``--quantization awq|gptq`` is forced) and reads
-``--speculative-config``. It records vLLM's log lines for those decisions in ``log_lines``.
+the quantization kernel path (native FP8 W8A8, FP8 weight-only Marlin below cc 8.9, W4A16 for
+GPTQ/AWQ checkpoints through Machete on Hopper and Marlin elsewhere, the slow kernels when
+``--quantization awq|gptq`` is forced) and reads ``--speculative-config``. It records vLLM's log lines for those decisions in ``log_lines``.
 Preflight, verify, predict and the simulator read it; the simulator's own cost coefficients live
 in ``specs.cost_calibration`` (chosen by ``sim.engine.costs.resolve_cost``).
 """
@@ -31,7 +31,8 @@ W4_BYTES_PER_PARAM = 0.516  # 4-bit weights plus fp16 group scales (group 128) a
 @dataclass(frozen=True)
 class QuantPath:
     """How the linear layers run."""
-    name: str                      # bf16 | fp8-w8a8 | fp8-w8a16-marlin | w4a16-marlin | awq-gemm | gptq-exllama
+    # bf16 | fp8-w8a8 | fp8-w8a16-marlin | w4a16-machete | w4a16-marlin | awq-gemm | gptq-exllama
+    name: str
     method: str | None             # vLLM's quantization name (None for unquantized)
     weight_bytes_per_param: float  # quantizable linear layers; embeddings and lm_head stay 16-bit
     gemm_tflops: float             # peak of the precision the GEMMs actually run at
@@ -120,7 +121,8 @@ _COMPATIBLE = {"gptq": {"gptq", "gptq_marlin", "marlin"}, "awq": {"awq", "awq_ma
                "fp8": {"fp8"}, "compressed-tensors": {"compressed-tensors"}}
 
 
-def choose_quant_path(hw: HardwareSpec, model: ModelSpec, requested: str | None) -> tuple[QuantPath, list[str], list[str]]:
+def choose_quant_path(hw: HardwareSpec, model: ModelSpec, requested: str | None,
+                      tp: int = 1) -> tuple[QuantPath, list[str], list[str]]:
     """Returns (path, log lines, warnings) following vLLM's kernel selection."""
     ckpt = model.quant_method
     logs: list[str] = []
@@ -167,10 +169,49 @@ def choose_quant_path(hw: HardwareSpec, model: ModelSpec, requested: str | None)
                              kernel="ExllamaLinearKernel"), logs, warns
         marlin = f"{ckpt}_marlin"
         logs.append(f"The model is convertible to {marlin} during runtime. Using {marlin} kernel.")
-        logs.append(f"Using MarlinLinearKernel for {ckpt.upper()}MarlinLinearMethod")
+        kernels = w4a16_kernels(hw, model, tp)
+        logs += [f"Using {k} for {ckpt.upper()}MarlinLinearMethod" for k in kernels]
+        # A model split between Machete and Marlin (act-order with TP) runs both in every step;
+        # it is priced as Marlin, the kernel of the layers that fell back.
+        if kernels == ("MacheteLinearKernel",):
+            return QuantPath("w4a16-machete", marlin, W4_BYTES_PER_PARAM, bf16,
+                             kernel="MacheteLinearKernel"), logs, warns
         return QuantPath("w4a16-marlin", marlin, W4_BYTES_PER_PARAM, bf16,
                          kernel="MarlinLinearKernel"), logs, warns
     raise ServelabError(f"--quantization {method}: not simulated; use fp8, awq, gptq (or their _marlin forms)")
+
+
+def w4a16_kernels(hw: HardwareSpec, model: ModelSpec, tp: int = 1) -> tuple[str, ...]:
+    """The kernels vLLM 0.26 builds a 4-bit GPTQ/AWQ checkpoint's linear layers with, in the order
+    its "Using X for ..." lines appear (one line per kernel class, at its first layer).
+
+    vllm/model_executor/kernels/linear/__init__.py ``choose_mp_linear_kernel`` tries, on CUDA,
+    CutlassW4A8 (FP8 activations only: never for W4A16), Machete, AllSpark, Marlin, ... and takes
+    the first whose ``can_implement`` accepts the layer. mixed_precision/machete.py
+    ``MacheteLinearKernel.can_implement``: compute capability exactly 9.0 (Hopper), no act-order
+    (g_idx) on a layer whose input is split across TP ranks, group size -1/64/128 for 16-bit
+    activations, and (machete_utils ``check_machete_supports_shape``) the rank's input features a
+    multiple of 64, output features of 128. AllSpark would take per-channel (group -1) layers
+    without zero points on 8.x; the simulator prices those as Marlin (no AllSpark path).
+    """
+    if hw.compute_capability != (9, 0):
+        return ("MarlinLinearKernel",)
+    q = model.quantization_config or {}
+    group = int(q.get("group_size", q.get("q_group_size", 128)))
+    act_order = bool(q.get("desc_act")) and group != -1   # auto_gptq drops desc_act at group -1
+    h, i = model.hidden_size, model.intermediate_size
+    qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
+    # (input features, output features, input split across ranks) of one rank's layer
+    layers = ((h, qkv // tp, False), (model.num_heads * model.head_dim // tp, h, tp > 1),
+              (h, 2 * i // tp, False), (i // tp, h, tp > 1))
+    picked = []
+    for k_in, n_out, row_split in layers:
+        machete = (group in (-1, 64, 128) and not (act_order and row_split)
+                   and k_in % 64 == 0 and n_out % 128 == 0)
+        kernel = "MacheteLinearKernel" if machete else "MarlinLinearKernel"
+        if kernel not in picked:
+            picked.append(kernel)
+    return tuple(picked)
 
 
 def _eagle_head(target: ModelSpec, method: str) -> ModelSpec:
@@ -226,7 +267,7 @@ def build_engine_config(hardware: str | HardwareSpec, model: str | ModelSpec,
             f"Total number of attention heads ({spec.num_heads}) must be divisible by tensor "
             f"parallel size ({tp}). (model {spec.hf_id}; pick another --tensor-parallel-size)"
         )
-    quant, logs, warns = choose_quant_path(hw, spec, args.quantization)
+    quant, logs, warns = choose_quant_path(hw, spec, args.quantization, tp)
     logs = list(logs)
     if args.max_model_len is not None and args.max_model_len > spec.max_position_embeddings:
         raise ServelabError(

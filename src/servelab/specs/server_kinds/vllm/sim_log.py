@@ -116,13 +116,6 @@ def _quantization_name(config: EngineConfig, row) -> str | None:
     return method
 
 
-def _int4_kernel(config: EngineConfig) -> str:
-    # choose_mp_linear_kernel's CUDA order: CutlassW4A8 (FP8 activations only), Machete (compute
-    # capability 9.0 only), AllSpark (per-channel only), then Marlin.
-    return "MacheteLinearKernel" if config.hardware.compute_capability == (9, 0) \
-        else "MarlinLinearKernel"
-
-
 def _reword(line: str, config: EngineConfig, row) -> list[str]:
     """One of the engine's decision lines (written in the oldest row's words) in ``row``'s."""
     if row is _OLD:
@@ -139,8 +132,8 @@ def _reword(line: str, config: EngineConfig, row) -> list[str]:
                 continue
             if key == "fp8" and config.model.quant_method is not None:
                 break  # an FP8 checkpoint keeps Fp8LinearMethod; only online quantization differs
-            if key in ("gptq", "awq"):
-                kernel = _int4_kernel(config)
+            # the kernel is the engine's own choice (engine_config.w4a16_kernels: Machete on
+            # compute capability 9.0, as vLLM's choose_mp_linear_kernel); only words change here
             return [f"{verb} {kernel} for {row.linear_methods[key]}"]
     return [line]
 
