@@ -19,6 +19,30 @@ CREATE OR REPLACE MACRO servelab_value_bin(v) AS
          WHEN v = 0 THEN -100000000
          ELSE -200000000 END;
 
+-- servelab_itl_samples(second_pass): what both passes read, each chunk gap of the measured,
+-- completed requests twice, as a token-view sample (v = itl_ms, weight w = tokens) and as a
+-- chunk-view sample (v = gap_ms, w = 1), with its value bin. second_pass adds the always-true
+-- `request_id IS NOT NULL` (why: pass 2 below).
+CREATE OR REPLACE MACRO servelab_itl_samples(second_pass) AS TABLE
+    SELECT run_id, stage, cls, view, v, w, servelab_value_bin(v) AS bin
+    FROM (
+        SELECT run_id, stage, coalesce(class_name, '(none)') AS cls,
+               unnest(['token', 'chunk']) AS view,
+               unnest([itl_ms, gap_ms]) AS v,
+               unnest([tokens, 1]) AS w
+        FROM itl_chunks
+        WHERE measured AND ok AND (NOT second_pass OR request_id IS NOT NULL)
+    );
+
+-- servelab_itl_percentiles(value, q): the p50_ms, p90_ms, p95_ms and p99_ms columns of both ITL
+-- views (this one and itl_stage_quantiles), from a group's rows of (q, value); UNNEST spreads
+-- the struct into those columns.
+CREATE OR REPLACE MACRO servelab_itl_percentiles(value, q) AS {
+    'p50_ms': max(value) FILTER (WHERE q = 0.5),
+    'p90_ms': max(value) FILTER (WHERE q = 0.9),
+    'p95_ms': max(value) FILTER (WHERE q = 0.95),
+    'p99_ms': max(value) FILTER (WHERE q = 0.99)};
+
 CREATE OR REPLACE VIEW itl_stage_quantiles_exact AS
 WITH
 bins AS (
@@ -28,19 +52,7 @@ bins AS (
         view, bin,
         sum(w) AS n,
         sum(v * w) AS weighted_sum
-    FROM (
-        -- pass 1: each chunk gap twice, as a token-view sample (itl_ms, weight = tokens) and as a
-        -- chunk-view sample (gap_ms, weight 1)
-        SELECT run_id, stage, cls, view, v, w, servelab_value_bin(v) AS bin
-        FROM (
-            SELECT run_id, stage, coalesce(class_name, '(none)') AS cls,
-                   unnest(['token', 'chunk']) AS view,
-                   unnest([itl_ms, gap_ms]) AS v,
-                   unnest([tokens, 1]) AS w
-            FROM itl_chunks
-            WHERE measured AND ok
-        )
-    )
+    FROM servelab_itl_samples(false)  -- pass 1
     GROUP BY GROUPING SETS ((run_id, stage, cls, view, bin), (run_id, stage, view, bin))
 ),
 totals AS (
@@ -74,23 +86,13 @@ target_bins AS (
 ),
 picked AS (
     -- pass 2: the same samples again, keeping only those in a bin that holds a wanted order
-    -- statistic. Written out twice on purpose: given a shared CTE, or two identical subqueries,
-    -- DuckDB 1.5 caches every sample of pass 1 for pass 2 (its common-subplan optimisation), which
-    -- is the memory this view exists to avoid. The always-true `request_id IS NOT NULL` makes the
-    -- two scans differ down to the table, so nothing is cached. (Still so on 1.5.6: without it,
-    -- EXPLAIN shows half the table scans and the samples read back from a shared CTE.)
+    -- statistic. Read twice on purpose: given a shared CTE, or two identical subqueries, DuckDB 1.5
+    -- caches every sample of pass 1 for pass 2 (its common-subplan optimisation), which is the
+    -- memory this view exists to avoid. The always-true `request_id IS NOT NULL` of second_pass
+    -- makes the two scans differ down to the table, so nothing is cached. (Still so on 1.5.6:
+    -- without it, EXPLAIN shows half the table scans and the samples read back from a shared CTE.)
     SELECT s.run_id, s.stage, unnest([s.cls, '(all)']) AS class_name, s.view, s.bin, s.v, s.w
-    FROM (
-        SELECT run_id, stage, cls, view, v, w, servelab_value_bin(v) AS bin
-        FROM (
-            SELECT run_id, stage, coalesce(class_name, '(none)') AS cls,
-                   unnest(['token', 'chunk']) AS view,
-                   unnest([itl_ms, gap_ms]) AS v,
-                   unnest([tokens, 1]) AS w
-            FROM itl_chunks
-            WHERE measured AND ok AND request_id IS NOT NULL
-        )
-    ) s
+    FROM servelab_itl_samples(true) s
     SEMI JOIN target_bins t ON t.run_id = s.run_id AND t.stage = s.stage AND t.view = s.view AND t.bin = s.bin
 ),
 ordered AS (
@@ -126,10 +128,7 @@ SELECT
     t.view,
     t.total AS samples,
     t.mean_ms,
-    max(p.value) FILTER (WHERE p.q = 0.5) AS p50_ms,
-    max(p.value) FILTER (WHERE p.q = 0.9) AS p90_ms,
-    max(p.value) FILTER (WHERE p.q = 0.95) AS p95_ms,
-    max(p.value) FILTER (WHERE p.q = 0.99) AS p99_ms,
+    UNNEST(servelab_itl_percentiles(p.value, p.q)),
     'exact' AS method
 FROM totals t
 LEFT JOIN percentiles p

@@ -87,10 +87,7 @@ SELECT
     w.view,
     w.total AS samples,
     CASE WHEN w.view = 'token' THEN s.token_mean ELSE s.chunk_mean END AS mean_ms,
-    max(p.value) FILTER (WHERE p.q = 0.5) AS p50_ms,
-    max(p.value) FILTER (WHERE p.q = 0.9) AS p90_ms,
-    max(p.value) FILTER (WHERE p.q = 0.95) AS p95_ms,
-    max(p.value) FILTER (WHERE p.q = 0.99) AS p99_ms,
+    UNNEST(servelab_itl_percentiles(p.value, p.q)),
     'ddsketch(1%)' AS method
 FROM wanted w
 LEFT JOIN sums s ON s.run_id = w.run_id AND s.stage = w.stage AND s.class_name = w.class_name

@@ -38,24 +38,13 @@ WITH per_second AS (
                  avg(value) FILTER (WHERE metric = 'kv_usage_legacy')) AS kv_cache_usage,
         coalesce(max(value) FILTER (WHERE metric = 'kv_usage'),
                  max(value) FILTER (WHERE metric = 'kv_usage_legacy')) AS kv_cache_usage_max,
-        sum(delta) FILTER (WHERE metric = 'preemptions_total') AS preemptions,
+        servelab_counter_sums(delta, metric, series) AS deltas,
+        -- the rates this view reports (each the counter of its figure in servelab_counter_sums)
         sum(delta / dt_s) FILTER (WHERE metric = 'preemptions_total') AS preemptions_per_s,
         sum(delta / dt_s) FILTER (WHERE metric = 'prompt_tokens_total') AS prompt_tokens_per_s,
-        sum(delta) FILTER (WHERE metric = 'generation_tokens_total') AS generation_tokens,
         sum(delta / dt_s) FILTER (WHERE metric = 'generation_tokens_total') AS generation_tokens_per_s,
-        sum(delta) FILTER (WHERE metric = 'prefix_cache_queries_total') AS prefix_cache_queries,
-        sum(delta) FILTER (WHERE metric = 'prefix_cache_hits_total') AS prefix_cache_hits,
-        sum(delta) FILTER (WHERE metric = 'spec_drafts_total') AS spec_drafts,
-        sum(delta) FILTER (WHERE metric = 'spec_draft_tokens_total') AS spec_draft_tokens,
-        sum(delta) FILTER (WHERE metric = 'spec_accepted_tokens_total') AS spec_accepted_tokens,
-        sum(delta) FILTER (WHERE metric = 'offload_queries_total') AS offload_queries,
-        sum(delta) FILTER (WHERE metric = 'offload_hits_total') AS offload_hits,
-        sum(delta) FILTER (WHERE metric = 'offload_bytes_total'
-                           AND contains(lower(series), 'transfer_type=cpu_to_gpu')) AS offload_load_bytes,
         sum(delta / dt_s) FILTER (WHERE metric = 'offload_bytes_total'
                            AND contains(lower(series), 'transfer_type=cpu_to_gpu')) AS offload_load_bytes_per_s,
-        sum(delta) FILTER (WHERE metric = 'offload_bytes_total'
-                           AND contains(lower(series), 'transfer_type=gpu_to_cpu')) AS offload_store_bytes,
         sum(delta / dt_s) FILTER (WHERE metric = 'offload_bytes_total'
                            AND contains(lower(series), 'transfer_type=gpu_to_cpu')) AS offload_store_bytes_per_s
     FROM server_series
@@ -74,27 +63,18 @@ SELECT
     p.waiting,
     p.kv_cache_usage,
     p.kv_cache_usage_max,
-    p.preemptions,
+    p.deltas.preemptions,
     p.preemptions_per_s,
     p.prompt_tokens_per_s,
-    p.generation_tokens,
+    p.deltas.generation_tokens,
     p.generation_tokens_per_s,
-    p.prefix_cache_queries,
-    p.prefix_cache_hits,
-    servelab_share(p.prefix_cache_hits, p.prefix_cache_queries) AS prefix_cache_hit_rate,
-    p.spec_drafts,
-    p.spec_draft_tokens,
-    p.spec_accepted_tokens,
-    servelab_share(p.spec_accepted_tokens, p.spec_draft_tokens) AS spec_acceptance_rate,
-    servelab_acceptance_length(p.spec_accepted_tokens, p.spec_drafts) AS spec_mean_acceptance_length,
-    p.offload_queries,
-    p.offload_hits,
-    servelab_share(p.offload_hits, p.offload_queries) AS offload_hit_rate,
-    servelab_share(p.prefix_cache_hits + p.offload_hits, p.prefix_cache_queries)
-        AS prefix_hit_rate_any_tier,
-    p.offload_load_bytes,
+    UNNEST(servelab_cache_figures(p.deltas.prefix_cache_queries, p.deltas.prefix_cache_hits,
+                                  p.deltas.spec_drafts, p.deltas.spec_draft_tokens,
+                                  p.deltas.spec_accepted_tokens, p.deltas.offload_queries,
+                                  p.deltas.offload_hits)),
+    p.deltas.offload_load_bytes,
     p.offload_load_bytes_per_s,
-    p.offload_store_bytes,
+    p.deltas.offload_store_bytes,
     p.offload_store_bytes_per_s
 FROM per_second p
 LEFT JOIN runs ru ON ru.run_id = p.run_id

@@ -61,19 +61,7 @@ counters AS (
     SELECT
         run_id, stage,
         max(span_s) AS span_s,
-        sum(increase) FILTER (WHERE metric = 'preemptions_total') AS preemptions,
-        sum(increase) FILTER (WHERE metric = 'generation_tokens_total') AS generation_tokens,
-        sum(increase) FILTER (WHERE metric = 'prefix_cache_queries_total') AS prefix_cache_queries,
-        sum(increase) FILTER (WHERE metric = 'prefix_cache_hits_total') AS prefix_cache_hits,
-        sum(increase) FILTER (WHERE metric = 'spec_drafts_total') AS spec_drafts,
-        sum(increase) FILTER (WHERE metric = 'spec_draft_tokens_total') AS spec_draft_tokens,
-        sum(increase) FILTER (WHERE metric = 'spec_accepted_tokens_total') AS spec_accepted_tokens,
-        sum(increase) FILTER (WHERE metric = 'offload_queries_total') AS offload_queries,
-        sum(increase) FILTER (WHERE metric = 'offload_hits_total') AS offload_hits,
-        sum(increase) FILTER (WHERE metric = 'offload_bytes_total'
-                              AND contains(lower(series), 'transfer_type=cpu_to_gpu')) AS offload_load_bytes,
-        sum(increase) FILTER (WHERE metric = 'offload_bytes_total'
-                              AND contains(lower(series), 'transfer_type=gpu_to_cpu')) AS offload_store_bytes
+        UNNEST(servelab_counter_sums(increase, metric, series))
     FROM per_series
     WHERE samples >= 2
     GROUP BY run_id, stage
@@ -95,19 +83,9 @@ SELECT
     c.preemptions,
     c.preemptions / nullif(c.span_s, 0) AS preemptions_per_s,
     c.generation_tokens / nullif(c.span_s, 0) AS generation_tokens_per_s,
-    c.prefix_cache_queries,
-    c.prefix_cache_hits,
-    servelab_share(c.prefix_cache_hits, c.prefix_cache_queries) AS prefix_cache_hit_rate,
-    c.spec_drafts,
-    c.spec_draft_tokens,
-    c.spec_accepted_tokens,
-    servelab_share(c.spec_accepted_tokens, c.spec_draft_tokens) AS spec_acceptance_rate,
-    servelab_acceptance_length(c.spec_accepted_tokens, c.spec_drafts) AS spec_mean_acceptance_length,
-    c.offload_queries,
-    c.offload_hits,
-    servelab_share(c.offload_hits, c.offload_queries) AS offload_hit_rate,
-    servelab_share(c.prefix_cache_hits + c.offload_hits, c.prefix_cache_queries)
-        AS prefix_hit_rate_any_tier,
+    UNNEST(servelab_cache_figures(c.prefix_cache_queries, c.prefix_cache_hits, c.spec_drafts,
+                                  c.spec_draft_tokens, c.spec_accepted_tokens,
+                                  c.offload_queries, c.offload_hits)),
     c.offload_load_bytes,
     c.offload_load_bytes / nullif(c.span_s, 0) AS offload_load_bytes_per_s,
     c.offload_store_bytes,

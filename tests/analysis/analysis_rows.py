@@ -204,6 +204,30 @@ def create_db(path: Path) -> duckdb.DuckDBPyConnection:
     return con
 
 
+def results_db(path: Path, data: dict[str, list[dict]]) -> duckdb.DuckDBPyConnection:
+    """A results file holding ``data``, with the views installed the way a writer installs them
+    (which also fills in what rows inserted without the Store lack); the caller closes it."""
+    from servelab.analysis.views import install_views
+
+    con = create_db(path)
+    insert(con, data)
+    install_views(con)
+    return con
+
+
+def read_only_rows(path: Path, sql: str) -> list[tuple]:
+    """``sql``'s rows as a reader that cannot write sees them: the file opened read-only, the views
+    installed as TEMP ones for that connection only."""
+    from servelab.analysis.views import install_views
+
+    reader = duckdb.connect(str(path), read_only=True)
+    try:
+        install_views(reader, temporary=True)
+        return reader.execute(sql).fetchall()
+    finally:
+        reader.close()
+
+
 def insert(con: duckdb.DuckDBPyConnection, data: dict[str, list[dict]]) -> None:
     """Append rows through NDJSON and DuckDB's JSON reader, typed from the table itself
     (executemany costs about a millisecond per row)."""

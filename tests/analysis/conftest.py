@@ -9,7 +9,7 @@ import pytest
 # The analysis tests share helper modules (known rows, independent expectations, synthetic runs).
 sys.path.insert(0, str(Path(__file__).parent))
 
-from analysis_rows import create_db, insert, k1_rows, k2_rows, merge  # noqa: E402
+from analysis_rows import k1_rows, k2_rows, merge, results_db  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -20,13 +20,8 @@ def known_data():
 @pytest.fixture(scope="session")
 def known_db(tmp_path_factory, known_data):
     """A real DuckDB file holding K1 and K2, with the views installed the way a writer installs them."""
-    from servelab.analysis.views import install_views
-
     path = tmp_path_factory.mktemp("known") / "servelab.duckdb"
-    con = create_db(path)
-    insert(con, known_data)
-    install_views(con)
-    con.close()
+    results_db(path, known_data).close()
     return path
 
 
@@ -45,21 +40,16 @@ def synthetic_db(tmp_path_factory):
     (flagged generator_saturated), eagle (speculative decoding, some failures) once; one profile."""
     from analysis_synthetic import Variant, synthetic_run
 
-    from servelab.analysis.views import install_views
-
     path = tmp_path_factory.mktemp("synthetic") / "servelab.duckdb"
-    con = create_db(path)
     fp8 = Variant("fp8", prefill_ms=50, itl_ms=10, batch=8)
     gptq = Variant("gptq_int4", prefill_ms=80, itl_ms=8, batch=12, itl_per_batch=0.3)
     eagle = Variant("eagle", prefill_ms=70, itl_ms=14, spec_tokens=3, failure_rate=0.01)
-    insert(con, merge(
+    results_db(path, merge(
         synthetic_run("syn-fp8-a", fp8, seed=1, start=1_710_000_000.0),
         synthetic_run("syn-fp8-b", fp8, seed=2, start=1_710_001_000.0),
         synthetic_run("syn-gptq", gptq, seed=3, start=1_710_002_000.0, flags=["generator_saturated"]),
         synthetic_run("syn-eagle", eagle, seed=4, start=1_710_003_000.0),
-    ))
-    install_views(con)
-    con.close()
+    )).close()
     return path
 
 

@@ -9,12 +9,11 @@ import re
 import duckdb
 import pytest
 
-from analysis_rows import create_db, insert, merge
+from analysis_rows import merge, results_db
 from analysis_synthetic import Variant, synthetic_run
 
 from servelab.analysis.answer import read_answer
 from servelab.analysis.answer_text import answer_blocks, render_html, render_text
-from servelab.analysis.views import install_views
 
 # Fast alone, slow in a crowd: its pace grows 1.5 ms per running request, so at 32 users its TPOT
 # (~56 ms) breaks the chat class's 40 ms SLO. The other starts slower and barely slows down.
@@ -35,10 +34,7 @@ def _db(path, alpha: dict, beta: dict, predicted_flag: bool = True):
                       start=1_710_002_000.0, tags={"backend": "sim"}),
         synthetic_run("m-beta", Variant("beta", **beta), CHECK, profile="check", seed=4,
                       start=1_710_003_000.0, tags={"backend": "sim"}, flags=["host_busy"]))
-    con = create_db(path)
-    insert(con, data)
-    install_views(con)
-    con.close()
+    results_db(path, data).close()
     return path
 
 

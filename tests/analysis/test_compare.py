@@ -5,13 +5,12 @@ import math
 import numpy as np
 import pytest
 
-from analysis_rows import create_db, insert, merge
+from analysis_rows import merge, results_db
 from analysis_synthetic import Variant, synthetic_run
 from servelab.analysis.bootstrap import Estimator, load_stage
 from servelab.analysis.catalogue import COMPARED
 from servelab.analysis.compare import compare_groups, groups_for_runs, groups_for_variants
 from servelab.analysis.stats import quantile_cont, weighted_quantiles
-from servelab.analysis.views import install_views
 
 
 def test_quantiles_match_numpy_and_expansion():
@@ -78,11 +77,7 @@ def test_repeats_are_pooled(synthetic_db):
 
 
 def _db(tmp_path, *runs):
-    path = tmp_path / "cmp.duckdb"
-    con = create_db(path)
-    insert(con, merge(*runs))
-    install_views(con)
-    return con
+    return results_db(tmp_path / "cmp.duckdb", merge(*runs))
 
 
 def test_dominant_variant_wins_every_metric(tmp_path):

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from analysis_rows import T0, create_db, insert, k1_rows, request
+from analysis_rows import T0, create_db, insert, k1_rows, read_only_rows, request, results_db
 from servelab.analysis.views import backfill_sketches, install_views
 
 BOUND = 0.01 * (1 + 1e-9)  # alpha, and float rounding at a bucket edge
@@ -53,9 +53,8 @@ def shaped_con(tmp_path_factory):
     data["requests"] = requests
     data["run_classes"] = data["run_classes"] + [
         dict(run_id="k1-closed", class_name=c, weight=0.1) for c in _shapes()]
-    con = create_db(tmp_path_factory.mktemp("shapes") / "shapes.duckdb")
-    insert(con, data)
-    install_views(con)  # backfills the sketches: these rows were inserted without the Store
+    # the views' install backfills the sketches: these rows were inserted without the Store
+    con = results_db(tmp_path_factory.mktemp("shapes") / "shapes.duckdb", data)
     yield con
     con.close()
 
@@ -133,10 +132,7 @@ def test_old_file_is_backfilled_in_place_or_for_a_read_only_reader(tmp_path, kno
     con.execute("DROP TABLE itl_sketches")
     con.close()
     query = "SELECT run_id, stage, class_name, itl_p50_ms, itl_p99_ms FROM stage_summary ORDER BY ALL"
-    reader = duckdb.connect(str(path), read_only=True)
-    install_views(reader, temporary=True)
-    temp = reader.execute(query).fetchall()
-    reader.close()
+    temp = read_only_rows(path, query)
     writer = duckdb.connect(str(path))
     assert "itl_sketches" not in {r[0] for r in writer.execute("SELECT table_name FROM duckdb_tables()").fetchall()}
     install_views(writer)

@@ -6,7 +6,7 @@ import duckdb
 import orjson
 import pytest
 
-from analysis_rows import create_db, insert, request
+from analysis_rows import create_db, insert, read_only_rows, request
 from servelab.analysis.views import backfill_sketches, install_views
 from servelab.store.db import REQUEST_SCALARS, Store, open_db
 
@@ -180,10 +180,7 @@ def test_read_only_reader_of_a_file_without_scalars(tmp_path):
     backfill_sketches(con)   # the version before the scalars wrote its sketches
     con.close()
     query = "SELECT * FROM stage_summary ORDER BY ALL"
-    reader = duckdb.connect(str(path), read_only=True)
-    install_views(reader, temporary=True)
-    temp = reader.execute(query).fetchall()
-    reader.close()
+    temp = read_only_rows(path, query)
     writer = duckdb.connect(str(path))
     install_views(writer)
     assert writer.execute("SELECT count(*) FROM requests WHERE chunk_count IS NULL").fetchone()[0] == 0

@@ -10,13 +10,12 @@ import duckdb
 import pytest
 from rich.console import Console
 
-from analysis_rows import create_db, insert, k1_rows, k2_rows, merge
+from analysis_rows import k1_rows, k2_rows, merge, results_db
 from servelab.analysis.catalogue import format_value
 from servelab.analysis.compare import compare_groups, groups_for_runs
 from servelab.analysis.summary import (RUN_COLUMNS, STAGE_COLUMNS, print_comparison, print_summary,
                                        run_rows, runs_table, stage_rows)
 from servelab.analysis.terminal import print_table
-from servelab.analysis.views import install_views
 
 # A matrix run id as long as real ones get (matrix id, variant, repeat).
 LONG = "mx20261201-113045-9f3c-gptq_int4_marlin_kv_fp8-r12"
@@ -31,10 +30,7 @@ def long_db(tmp_path_factory):
             if r.get("run_id") == "k1-closed":
                 r["run_id"] = LONG
     path = tmp_path_factory.mktemp("long") / "servelab.duckdb"
-    con = create_db(path)
-    insert(con, data)
-    install_views(con)
-    con.close()
+    results_db(path, data).close()
     return path
 
 

@@ -312,8 +312,7 @@ def test_itl_stage_quantiles_equal_quantile_cont(known_con, synthetic_db):
 
 def test_itl_stage_quantiles_ties_zeros_and_bin_edges(tmp_path):
     """Zero gaps, many equal gaps, values exactly on bin edges (powers of two) and tiny values."""
-    from analysis_rows import create_db, insert, k1_rows, request
-    from servelab.analysis.views import install_views
+    from analysis_rows import k1_rows, request, results_db
 
     data = k1_rows()
     data["server_metrics"], data["client_health"] = [], []
@@ -322,9 +321,7 @@ def test_itl_stage_quantiles_ties_zeros_and_bin_edges(tmp_path):
                      [o + 0.5 * i for o in offsets] if i % 2 else offsets, [1 + (j + i) % 3 for j in range(len(offsets))])
              for i in range(7)]
     data["requests"] = data["requests"] + extra
-    con = create_db(tmp_path / "edges.duckdb")
-    insert(con, data)
-    install_views(con)
+    con = results_db(tmp_path / "edges.duckdb", data)
     assert _check_itl_quantiles(con) >= 8
     assert _check_itl_quantiles(con, "itl_stage_quantiles") >= 8
     stage1 = con.execute("SELECT p50_ms FROM itl_stage_quantiles_exact WHERE stage = 1 AND class_name = 'chat' "

@@ -68,7 +68,8 @@ class EchoServer:
             while len(buf) < length:
                 buf += sock.recv(65536)
             body, buf = buf[:length], buf[length:]
-            self.heads.append({"head": text, "body_length": len(body)})
+            self.heads.append({"head": text, "body_length": len(body),
+                               "body": body.decode("utf-8")})
             cookie = b"Set-Cookie: sid=abc; Path=/\r\n" if len(self.heads) == 1 else b""
             events = self.body or b"".join(
                 b"data: %s\n\n" % e for e in (
@@ -103,8 +104,9 @@ def main() -> None:
         timeouts = Timeouts(**case.get("timeouts", {}))
         watchdog = Watchdog(timeouts, resolution_s=0.02)
         chat = case.get("chat", True)
-        key = (case["url"], chat)
-        target = targets.setdefault(key, Target(case["url"], chat, "calibration"))
+        key = (case["url"], chat, case.get("id_field"))
+        target = targets.setdefault(key, Target(case["url"], chat, "calibration",
+                                                case.get("id_field")))
         users = [gevent.spawn(_user, case, u, target, watchdog, timeouts, hook, events)
                  for u in range(case.get("parallel", 1))]
         gevent.joinall(users, raise_error=True)

@@ -63,6 +63,14 @@ def servelab(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, env=_env(), cwd=ROOT)
 
 
+def run_against(url: str, profile: Path, db: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`servelab run --profile PROFILE --target URL --db DB --quiet EXTRA...`, which must succeed."""
+    res = servelab("run", "--profile", str(profile), "--target", url, "--db", str(db), "--quiet",
+                   *extra)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
 def start_servelab(*args: str, log: Path) -> procs.Child:
     return procs.spawn("servelab", [sys.executable, "-m", "servelab.cli", *args], log,
                        env=_env(), cwd=ROOT)
@@ -120,6 +128,16 @@ def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
 
+def run_status(db: Path) -> dict | None:
+    """The live status a run writes beside its database (logs/RUN/status.json); None until there
+    is one that reads whole."""
+    files = list((db.parent / "logs").glob("*/status.json"))
+    try:
+        return json.loads(files[0].read_text()) if files else None
+    except ValueError:
+        return None
+
+
 def wait_for(pred, timeout: float, what: str):
     """The first truthy value of ``pred()`` within ``timeout`` seconds, else a failed test."""
     deadline = time.monotonic() + timeout
@@ -128,7 +146,7 @@ def wait_for(pred, timeout: float, what: str):
         if value:
             return value
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out ({timeout:g} s) waiting for {what}")
 
 
 def chat_profile(name: str, description: str, prompt: tuple[int, int],

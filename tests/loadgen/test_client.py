@@ -4,6 +4,7 @@ The calibration server streams with fixed delays and injects each request's own 
 the simulator's fault grammar (X-Servelab-Faults header) and struck where the simulator would
 (``fault_chunk``); the client runs in a gevent subprocess exactly as inside Locust.
 """
+import json
 import urllib.request
 
 from loadgen_helpers import calibration, fault_chunk, probe
@@ -173,3 +174,40 @@ def test_request_head_headers_and_cookies(tmp_path):
         assert "user-agent" in fields
     assert "cookie" not in heads[0]["head"].lower()
     assert "\r\nCookie: sid=abc" in heads[1]["head"]
+
+
+def test_a_sglang_target_gets_the_request_id_in_the_body_and_vllm_does_not(tmp_path):
+    """SGLang names a request (and its spans' gen_ai.request.id) by the body's ``rid``; vLLM
+    reads the X-Request-Id header and would log every unknown body field it ignores."""
+    results = probe([{"name": "vllm", "url": "echo", "max_tokens": 2},
+                     {"name": "sglang", "url": "echo", "max_tokens": 2, "id_field": "rid"}])
+    heads = [r for r in results if "heads" in r][0]["heads"]
+    bodies = [json.loads(h["body"]) for h in heads]
+    assert "rid" not in bodies[0]
+    assert bodies[1]["rid"] == "probe-0"
+    assert all(b["stream"] is True for b in bodies)
+    assert "x-request-id: probe-0" in heads[1]["head"].lower()
+
+
+def test_which_targets_are_sent_the_id_in_the_body():
+    """The kind decides (--server-kind, else the variant's); an unknown kind is refused with the
+    flag and the kinds named."""
+    import argparse
+
+    import pytest
+
+    from servelab.core.errors import ServelabError
+    from servelab.loadgen.master.run_record import _request_id_field
+    from servelab.loadgen.options import settings_from
+
+    def field(**kw):
+        return _request_id_field(settings_from(argparse.Namespace(**kw)))
+
+    assert field(server_kind="sglang") == "rid"
+    assert field(variant="sglang_bf16") == "rid"
+    assert field(variant="bf16") is None
+    assert field(variant="a-label-only") is None
+    assert field() is None
+    assert field(server_kind="vllm", variant="sglang_bf16") is None
+    with pytest.raises(ServelabError, match=r"--server-kind 'tgi'.*vllm, sglang"):
+        field(server_kind="tgi")

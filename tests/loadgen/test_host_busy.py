@@ -2,7 +2,6 @@
 (generator_saturated: add workers) and one whose host gave its cores to other processes
 (host_busy: a quieter host). Both made for real: CPU hogs beside a one-user run that the host
 gives a core only part of the time, and a worker whose own loop is kept busy."""
-import json
 import os
 import signal
 import subprocess
@@ -13,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from loadgen_helpers import (ROOT, chat_profile, dicts, json_lines, query, run_script, sim,
-                             wait_for)
+from loadgen_helpers import (ROOT, chat_profile, dicts, json_lines, query, run_script, run_status,
+                             sim, wait_for)
 from servelab.core import procs
 from servelab.store import runs
 from servelab.store.db import Store, open_db
@@ -119,11 +118,7 @@ def test_cpu_hogs_beside_a_one_user_run_flag_host_busy(tmp_path):
                           tmp_path / "run.log", env=env, cwd=ROOT)
         try:
             def producing():
-                files = list((db.parent / "logs").glob("*/status.json"))
-                try:
-                    data = json.loads(files[0].read_text()) if files else None
-                except ValueError:
-                    return None
+                data = run_status(db)
                 return data if data and data.get("produced", 0) >= 1 else None
 
             wait_for(producing, 90, "the run's first row")

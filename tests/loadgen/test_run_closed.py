@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from loadgen_helpers import ROOT, dicts, query, servelab, sim, sim_requests
+from loadgen_helpers import ROOT, dicts, query, run_against, sim, sim_requests
 
 pytestmark = pytest.mark.slow  # each runs Locust against a real server
 
@@ -14,10 +14,8 @@ pytestmark = pytest.mark.slow  # each runs Locust against a real server
 def test_two_workers_against_the_simulator(tmp_path):
     db = tmp_path / "results" / "t.duckdb"
     with sim(tmp_path) as url:
-        res = servelab("run", "--profile", str(ROOT / "traffic_profiles" / "smoke.yaml"),
-                       "--target", url, "--workers", "2", "--db", str(db), "--tag", "suite=loadgen",
-                       "--quiet")
-        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        res = run_against(url, ROOT / "traffic_profiles" / "smoke.yaml", db, "--workers", "2",
+                          "--tag", "suite=loadgen")
         server = {r["request_id"]: r for r in sim_requests(url)}
 
     (run,) = dicts(db, "SELECT * FROM runs")

@@ -3,7 +3,7 @@ held back by max_in_flight is recorded as late (or dropped) with its scheduled t
 import numpy as np
 import pytest
 
-from loadgen_helpers import PROFILES, dicts, servelab, sim
+from loadgen_helpers import PROFILES, dicts, run_against, sim
 from servelab.profiles import load_profile
 from servelab.profiles.planner import RequestPlanner
 
@@ -14,9 +14,7 @@ def test_schedule_is_kept_while_the_server_stalls(tmp_path):
     db = tmp_path / "t.duckdb"
     profile = PROFILES / "open_rate.yaml"
     with sim(tmp_path, "--faults", "stall=0.35:1.5s", "--seed", "3") as url:
-        res = servelab("run", "--profile", str(profile), "--target", url, "--workers", "2",
-                       "--db", str(db), "--quiet")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        run_against(url, profile, db, "--workers", "2")
     stages = dicts(db, "SELECT * FROM stages ORDER BY stage")
     rows = dicts(db, "SELECT * FROM requests ORDER BY scheduled_unix")
     planner = RequestPlanner(load_profile(profile))
@@ -55,9 +53,7 @@ def st_window(stage, t):
 def test_max_in_flight_makes_arrivals_late_and_says_so(tmp_path):
     db = tmp_path / "t.duckdb"
     with sim(tmp_path, "--faults", "stall=0.5:1s", "--seed", "5") as url:
-        res = servelab("run", "--profile", str(PROFILES / "open_capped.yaml"), "--target", url,
-                       "--workers", "0", "--db", str(db), "--late-ms", "10", "--quiet")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        run_against(url, PROFILES / "open_capped.yaml", db, "--workers", "0", "--late-ms", "10")
     rows = dicts(db, "SELECT * FROM requests ORDER BY scheduled_unix")
     assert len(rows) == 40  # 16/s for 2.5 s, constant arrivals: every one is accounted for
     status = {r["arrival_status"] for r in rows}
@@ -84,9 +80,7 @@ def test_trace_replay_on_completions_in_one_process(tmp_path):
     db = tmp_path / "t.duckdb"
     profile = PROFILES / "trace_small.yaml"
     with calibration(tmp_path, "--ttft-ms", "10", "--itl-ms", "2") as url:
-        res = servelab("run", "--profile", str(profile), "--target", url, "--workers", "0",
-                       "--db", str(db), "--quiet")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        run_against(url, profile, db, "--workers", "0")
     (stage,) = dicts(db, "SELECT * FROM stages")
     assert stage["kind"] == "trace" and stage["level"] is None
     rows = dicts(db, "SELECT * FROM requests ORDER BY scheduled_unix")

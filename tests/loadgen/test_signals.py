@@ -14,8 +14,8 @@ import time
 import psutil
 import pytest
 
-from loadgen_helpers import (chat_profile, dicts, query, servelab, sim, sim_requests,
-                             start_servelab, wait_for)
+from loadgen_helpers import (chat_profile, dicts, query, run_status, servelab, sim,
+                             sim_requests, start_servelab, wait_for)
 
 REPEATS = int(os.environ.get("SERVELAB_SIGNAL_REPEATS", "1"))
 PROFILE = chat_profile("long_for_signals",
@@ -26,11 +26,7 @@ PROFILE = chat_profile("long_for_signals",
 
 
 def _status(db):
-    files = list((db.parent / "logs").glob("*/status.json"))
-    try:
-        data = json.loads(files[0].read_text()) if files else None
-    except ValueError:
-        return None
+    data = run_status(db)
     return data if data and data.get("produced", 0) >= 10 else None
 
 

@@ -5,7 +5,7 @@ still stored, and the simulator's exporter thread sending to it."""
 from __future__ import annotations
 
 import gzip
-import struct
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -25,17 +25,12 @@ from servelab.store import spans
 from servelab.store.db import open_db
 from servelab.store.rows import RequestRow
 
-DATA = Path(__file__).parents[1] / "analysis" / "data" / "otlp_h200"
+# The captured vLLM spans and their reader are the analysis tests' (tests/analysis/data/otlp_h200;
+# --import-mode=importlib: that folder is not on the path unless its conftest ran).
+sys.path.insert(0, str(Path(__file__).parents[1] / "analysis"))
+from test_request_phases import bodies  # noqa: E402
+
 RUN = "cap_chat"
-
-
-def bodies() -> list[bytes]:
-    data, out, i = (DATA / "otlp_traces.bin").read_bytes(), [], 0
-    while i < len(data):
-        (n,) = struct.unpack(">Q", data[i:i + 8])
-        out.append(data[i + 8:i + 8 + n])
-        i += 8 + n
-    return out
 
 
 def setup(tmp_path, **kw):

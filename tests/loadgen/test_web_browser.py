@@ -65,9 +65,9 @@ def browser():
 
 
 @contextmanager
-def locust_ui(tmp: Path, url: str, profile: str):
+def locust_ui(tmp: Path, url: str, profile: str, *extra: str):
     """The README's command (`locust -f loadtests/locustfile.py --host URL --profile P`), with the
-    test's own database, spool folder and port."""
+    test's own database, spool folder and port, and any ``extra`` options."""
     port = procs.free_port()
     db = tmp / "ui.duckdb"
     env = _env()
@@ -75,7 +75,7 @@ def locust_ui(tmp: Path, url: str, profile: str):
     proc = procs.spawn("locust web UI", [
         sys.executable, "-m", "locust", "-f", "loadtests/locustfile.py", "--host", url,
         "--profile", profile, "--db", str(db), "--spool-dir", str(tmp / "spool"),
-        "--web-port", str(port)], tmp / "locust.log", env=env, cwd=ROOT)
+        "--web-port", str(port), *extra], tmp / "locust.log", env=env, cwd=ROOT)
     base = f"http://127.0.0.1:{port}"
     try:
         proc.wait_http(base + "/", 30)

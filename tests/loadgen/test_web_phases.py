@@ -4,38 +4,16 @@ headless Chromium through Locust's own form; the tab's card and TTFT chart carry
 medians, which lie within what the DuckDB file stores for the run."""
 from __future__ import annotations
 
-import sys
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
 from browser import chromium, page_on, screenshot
-from loadgen_helpers import ROOT, _env, sim, wait_for
+from loadgen_helpers import sim, wait_for
 from servelab.core import procs
-from test_web_browser import SHORT_PLAN, get_json, read_db, start
+from test_web_browser import SHORT_PLAN, get_json, locust_ui, read_db, start
 
 pytestmark = pytest.mark.slow
-
-
-@contextmanager
-def locust_ui(tmp: Path, url: str, profile: Path, otlp_port: int):
-    port = procs.free_port()
-    db = tmp / "ui.duckdb"
-    env = _env()
-    env.pop("SERVELAB_MODE", None)
-    proc = procs.spawn("locust web UI", [
-        sys.executable, "-m", "locust", "-f", "loadtests/locustfile.py", "--host", url,
-        "--profile", str(profile), "--db", str(db), "--spool-dir", str(tmp / "spool"),
-        "--web-port", str(port), "--otlp-port", str(otlp_port)], tmp / "locust.log", env=env,
-        cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_http(base + "/", 30)
-        yield base, db
-    finally:
-        proc.stop(30)
 
 
 def phase_card(page) -> dict:
@@ -48,8 +26,8 @@ def test_llm_tab_shows_live_queue_and_prefill_from_the_servers_spans(tmp_path):
     profile = tmp_path / "plan.yaml"
     profile.write_text(SHORT_PLAN.replace("hold: 2s", "hold: 6s"))
     with sim(tmp_path, "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces") as url, \
-            locust_ui(tmp_path, url, profile, otlp) as (base, db), chromium() as browser, \
-            page_on(browser, base + "/", tmp_path / "browser.log") as page:
+            locust_ui(tmp_path, url, str(profile), "--otlp-port", str(otlp)) as (base, db), \
+            chromium() as browser, page_on(browser, base + "/", tmp_path / "browser.log") as page:
         start(page, 1, 1)
         page.get_by_role("tab", name="LLM").click()
         seen: dict = {}

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -37,6 +38,7 @@ REPO = Path(__file__).resolve().parents[2]
 # path unless its conftest ran).
 sys.path.insert(0, str(REPO / "tests" / "loadgen"))
 from browser import chromium, page_on, screenshot  # noqa: E402
+from loadgen_helpers import query, wait_for  # noqa: E402
 from test_web_browser import (  # noqa: E402
     ServerSamples, expand, get_json, open_start_form, start, stop_run, users_running)
 
@@ -233,16 +235,6 @@ def health(engine: Engine, service: str) -> str:
     return done.stdout.strip()
 
 
-def wait(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out ({timeout:g} s) waiting for {what}")
-
-
 def ui_workers() -> int | None:
     """Workers the master's UI lists; None while it does not answer yet (docker-proxy accepts
     the connection before the UI listens, then closes it)."""
@@ -329,11 +321,11 @@ def test_up_ramp_to_4_users_in_chromium_down_and_summary(engine, tmp_path, reque
         engine.compose("up", "-d", "--wait", "--wait-timeout", "120", timeout=240, **env)
         assert health(engine, "sim") == "healthy"
         # The README's default: one worker; then `--scale locust-worker=3`.
-        wait(lambda: ui_workers() == 1, 60,
+        wait_for(lambda: ui_workers() == 1, 60,
              "the master to see its one worker")
         engine.compose("up", "-d", "--wait", "--wait-timeout", "120", "--scale",
                        f"locust-worker={WORKERS}", timeout=240, **env)
-        wait(lambda: ui_workers() == WORKERS, 60,
+        wait_for(lambda: ui_workers() == WORKERS, 60,
              f"the master to see {WORKERS} workers")
         sim_url = f"http://127.0.0.1:{sim_port}"
         with chromium() as browser, \
@@ -349,8 +341,8 @@ def test_up_ramp_to_4_users_in_chromium_down_and_summary(engine, tmp_path, reque
             time.sleep(WARMUP_S + HOLD_S)
             screenshot(page, tmp_path, "compose_ui")
             stop_run(page, UI)
-        status = wait(lambda: (s := get_json(UI + "/servelab/api/status"))["state"] == "finished"
-                      and s, 90, "the run to be stored")
+        status = wait_for(lambda: (s := get_json(UI + "/servelab/api/status"))["state"] == "finished"
+                          and s, 90, "the run to be stored")
         assert not {"rows_lost", "level_mismatch"} & set(status.get("flags") or []), status
         # A clean stop: every container ends by itself within Compose's 10 s, none killed.
         engine.compose("stop", timeout=120)
@@ -448,44 +440,115 @@ SIM_AS_VLLM = """\
 MATRIX_VARIANTS = ("bf16", "fp8")
 
 
+def sim_as_vllm(engine: Engine, tmp: Path, variants, **extra: str) -> dict:
+    """Compose's environment with the simulator's image standing in for each variant's vLLM
+    service (an override file written in ``tmp``), on a free VLLM_PORT, plus ``extra``."""
+    override = tmp / "sim-as-vllm.yml"
+    override.write_text("services:\n" + "".join(
+        SIM_AS_VLLM.format(service=f"vllm-{name}") for name in variants))
+    return dict(engine.env, COMPOSE_FILE=f"docker-compose.yml{os.pathsep}{override}",
+                VLLM_PORT=str(procs.free_port()), **extra)
+
+
+@contextmanager
+def matrix_on_compose(engine: Engine, tmp: Path, variants, db: Path, **extra: str):
+    """`servelab matrix --backend compose` of ``variants`` (the smoke profile, on L40S figures)
+    against the simulator's image, which must succeed; yields its completed process and the
+    environment, then takes the variants' services down whatever the caller did."""
+    env = sim_as_vllm(engine, tmp, variants, SERVELAB_HOME=str(engine.root), **extra)
+    servelab = str(Path(sys.executable).parent / "servelab")
+    try:
+        done = run([servelab, "matrix", "--variants", ",".join(variants), "--profile",
+                    "traffic_profiles/smoke.yaml", "--backend", "compose", "--gpus",
+                    "servers/gpus/l40s.csv", "--startup-timeout", "120", "--no-report",
+                    "--db", str(db), "--logs", str(tmp / "logs")], env, engine.root,
+                   timeout=420, check=False)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        yield done, env
+    finally:
+        run(["docker", "compose", *(a for name in variants for a in ("--profile", name)), "down",
+             "--volumes", "--remove-orphans"], env, engine.root, timeout=180, check=False)
+
+
 def test_matrix_backend_compose_against_the_simulator_image(engine, tmp_path, request):
     """`servelab matrix --backend compose`: per variant `docker compose --profile X up -d` of its
     server service, health, the run, its logs for verification, stop and rm."""
-    override = tmp_path / "sim-as-vllm.yml"
-    override.write_text("services:\n" + "".join(
-        SIM_AS_VLLM.format(service=f"vllm-{name}") for name in MATRIX_VARIANTS))
-    port = procs.free_port()
-    env = dict(engine.env, COMPOSE_FILE=f"docker-compose.yml{os.pathsep}{override}",
-               VLLM_PORT=str(port), SERVELAB_HOME=str(engine.root))
-    servelab = str(Path(sys.executable).parent / "servelab")
     db = tmp_path / "matrix.duckdb"
-    try:
-        done = run([servelab, "matrix", "--variants", "bf16,fp8", "--profile",
-                    "traffic_profiles/smoke.yaml", "--backend", "compose", "--gpus",
-                    "servers/gpus/l40s.csv", "--startup-timeout", "120", "--no-report",
-                    "--db", str(db), "--logs", str(tmp_path / "logs")], env, engine.root,
-                   timeout=420, check=False)
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    with matrix_on_compose(engine, tmp_path, MATRIX_VARIANTS, db) as (done, env):
         # The backend stopped and removed its services itself.
         left = run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project="
                     f"{PROJECT}"], env, engine.root).stdout.split()
         assert left == [], left
-    finally:
-        run(["docker", "compose", "--profile", "bf16", "--profile", "fp8", "down", "--volumes",
-             "--remove-orphans"], env, engine.root, timeout=180, check=False)
     # Each variant's server log came from `docker compose logs`, and its run is in the database.
     for name in ("bf16", "fp8"):
         log = (tmp_path / "logs" / f"{name}.log").read_text()
         assert log.strip(), f"{name}: empty compose log"
-    con = duckdb.connect(str(db), read_only=True)
-    try:
-        runs = con.execute("SELECT variant, status, verification->>'status' FROM runs "
-                           "ORDER BY started_unix").fetchall()
-    finally:
-        con.close()
+    runs = query(db, "SELECT variant, status, verification->>'status' FROM runs "
+                     "ORDER BY started_unix")
     assert [(v, s) for v, s, _ in runs] == [("bf16", "completed"), ("fp8", "completed")], runs
     # Verified from what `docker compose logs` gave: the fp8 server really ran fp8.
     assert [verdict for *_, verdict in runs] == ["verified", "verified"], runs
     assert "fp8" in done.stdout and "bf16" in done.stdout
     announce(request.config, "ran: servelab matrix --backend compose (bf16, fp8 on the "
              "simulator's image), both runs verified from `docker compose logs`")
+
+
+# ---- the server's spans through the engine (issue 21) ----------------------------------------
+# `servelab matrix --backend compose`, the simulator's image standing in for vLLM (it takes vLLM's
+# flags and sends vLLM's spans), the generated service told to send them to the host
+# (``host.docker.internal``, the host gateway), the host's run receiving them where the containers
+# reach it (``SERVELAB_OTLP_HOST`` set to the Docker bridge's address: opt-in, loopback
+# otherwise). Here, not in a module of their own: two modules would each start and stop the one
+# engine and `down` the one Compose project, and pytest-xdist may run them at the same time.
+def test_matrix_backend_compose_stores_the_servers_spans(engine, tmp_path, request):
+    gateway = run(["docker", "network", "inspect", "bridge", "--format",
+                   "{{range .IPAM.Config}}{{.Gateway}} {{end}}"], engine.env,
+                  engine.root).stdout.split()[0]
+    db = tmp_path / "spans.duckdb"
+    with matrix_on_compose(engine, tmp_path, ("fp8",), db, SERVELAB_OTLP_HOST=gateway) as (done, _):
+        assert "spans reach this host's run only with" not in done.stdout
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        sent, spans, matched, without, dups = con.execute(
+            "SELECT requests_sent, spans, spans_matched, requests_without_span, "
+            "duplicate_spans FROM span_join").fetchone()
+        phases = con.execute("SELECT count(*) FILTER (WHERE has_span), count(*), "
+                             "any_value(clock_offset_source) FROM request_phases").fetchone()
+    finally:
+        con.close()
+    assert sent > 5 and spans == matched == sent and without == dups == 0
+    assert phases[0] == phases[1] == sent and phases[2] == "same_host"
+    announce(request.config, f"ran: servelab matrix --backend compose, {spans} spans from the "
+             f"container to the host's receiver on {gateway}, every request joined")
+
+
+def test_a_variants_loadgen_service_receives_its_servers_spans(engine, tmp_path, request):
+    """`docker compose --profile fp8 up vllm-fp8 loadgen-fp8`, as the generated file's header
+    says: the server sends to its loadgen by service name, whose `servelab run` receives on
+    the compose network (SERVELAB_OTLP_HOST=0.0.0.0 in its container, no published port)."""
+    env = sim_as_vllm(engine, tmp_path, ("fp8",), SERVELAB_PROFILE="traffic_profiles/smoke.yaml")
+    try:
+        done = run(["docker", "compose", "--profile", "fp8", "up", "--exit-code-from",
+                    "loadgen-fp8", "vllm-fp8", "loadgen-fp8"], env, engine.root, timeout=420,
+                   check=False)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    finally:
+        run(["docker", "compose", "--profile", "fp8", "down", "--volumes", "--remove-orphans"],
+            env, engine.root, timeout=180, check=False)
+    con = duckdb.connect(str(engine.root / "results" / "servelab.duckdb"), read_only=True)
+    try:
+        (run_id,) = con.execute("SELECT run_id FROM runs WHERE variant = 'fp8' ORDER BY "
+                                "started_unix DESC LIMIT 1").fetchone()
+        sent, spans, matched, without = con.execute(
+            "SELECT requests_sent, spans, spans_matched, requests_without_span FROM span_join "
+            "WHERE run_id = ?", [run_id]).fetchone()
+        offset, source = con.execute("SELECT clock_offset_ms, clock_offset_source FROM "
+                                     "span_clock WHERE run_id = ?", [run_id]).fetchone()
+    finally:
+        con.close()
+    assert sent > 5 and spans == matched == sent and without == 0
+    # two containers of one host: one clock, so the estimate (a target that is not loopback)
+    # comes out near zero
+    assert source == "min_delay_midpoint" and abs(offset) < 5.0, (offset, source)
+    announce(request.config, f"ran: docker compose --profile fp8 up vllm-fp8 loadgen-fp8, "
+             f"{spans} spans to loadgen-fp8:4318, clock offset estimated {offset:.2f} ms")

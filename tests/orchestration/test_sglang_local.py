@@ -50,6 +50,27 @@ def test_the_compose_services_run_sglangs_image_with_its_entrypoint():
         assert service["entrypoint"] == ["python3", "-m", "sglang.launch_server"]
         command = service["command"]
         assert command[:2] == ["--model-path", f"${{SERVELAB_MODEL:-{variant.model}}}"]
-        assert "--enable-metrics" in command and command[-4:] == ["--host", "0.0.0.0", "--port",
-                                                                  "8000"]
+        assert "--enable-metrics" in command and command[-7:-3] == ["--host", "0.0.0.0", "--port",
+                                                                    "8000"]
+        # its request traces go to the variant's own loadgen service (SGLang's switch, then the
+        # endpoint), as OTLP/HTTP protobuf with a root span and slices only (trace level 1)
+        loadgen = compose.loadgen_name(variant)
+        assert command[-3:] == ["--enable-trace", "--otlp-traces-endpoint",
+                                f"${{SERVELAB_OTLP_ENDPOINT:-http://{loadgen}:4318/v1/traces}}"]
+        env = service["environment"]
+        assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+        assert env["SGLANG_TRACE_LEVEL"] == "1"
         assert "VLLM_SERVER_DEV_MODE" not in service["environment"]
+
+
+def test_what_run_target_tells_an_external_server_follows_its_kind():
+    from servelab.orchestration import otlp
+
+    assert otlp.kind_name(None, "sglang_bf16") == "sglang"
+    assert otlp.kind_name(None, "only-a-label") == otlp.kind_name(None, None) == "vllm"
+    assert otlp.kind_name("sglang", "bf16") == "sglang"
+    sglang, vllm = otlp.told(4318, "sglang"), otlp.told(4318)
+    assert sglang.startswith("--enable-trace --otlp-traces-endpoint http://127.0.0.1:4318/v1/traces")
+    assert "SGLANG_TRACE_LEVEL=1" in sglang and "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf" in sglang
+    assert vllm.startswith("--otlp-traces-endpoint http://127.0.0.1:4318/v1/traces and")
+    assert "SGLANG" not in vllm

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from servelab.core import timeouts
+from servelab.specs.server_kinds import KINDS
 
 # Exit codes of `servelab run` (docs/loadgen.md, "Signals and exit codes").
 EXIT_OK, EXIT_NOT_COMPLETED, EXIT_BAD_INPUT, EXIT_ERROR_RATE, EXIT_FLAGGED = 0, 1, 2, 3, 4
@@ -20,7 +21,7 @@ TIMEOUTS = ("connect", "first_token", "between_chunks", "total")
 # RunOptions fields that are the flag's value as argparse gives it.
 PLAIN = ("profile", "target", "variant", "hardware", "faults", "workers", "db", "seed", "run_id",
          "spool_dir", "late_ms", "quiet", "log", "api_key", "otlp_port",
-         "gpu_telemetry")
+         "gpu_telemetry", "server_kind")
 
 
 def register(sub) -> None:
@@ -56,6 +57,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log", metavar="FILE", help="with --target and --variant: the server's "
                    "log, which verify reads with its /metrics after the run")
     p.add_argument("--hardware", help="with no --target: the simulator's GPU (servers/hardware)")
+    p.add_argument("--server-kind", choices=list(KINDS), help="with --target: the server's framework "
+                   "(vllm, the default, or sglang; default: the --variant's): how it is told to "
+                   "send its spans, and SGLang's requests carry servelab's id as `rid`")
     p.add_argument("--gpu-telemetry", metavar="MODE", help="GPU samples into gpu_metrics: auto "
                    "(NVML when --target is on this host; the default), nvml, off, or dcgm=URL "
                    "of a DCGM exporter's /metrics")

@@ -114,6 +114,11 @@ def _add_bookkeeping(g) -> None:
                    help="the master writes live progress here (JSON, once a second)")
     g.add_argument("--hardware", default="", include_in_web_ui=False,
                    help="GPU of the target, recorded with the run")
+    g.add_argument("--server-kind", default=os.environ.get("SERVELAB_SERVER_KIND", ""),
+                   include_in_web_ui=False,
+                   help="the target's framework (vllm, sglang; default: the variant's, else "
+                   "vllm): SGLang names a request by its body's rid, so servelab sends its id "
+                   "there too and the server's spans join their requests")
 
 
 @dataclass
@@ -132,6 +137,7 @@ class Settings:
     run_id: str
     status_file: str
     hardware: str
+    server_kind: str = ""            # "": the variant's kind, else vLLM
     auth: dict = field(default_factory=dict)   # credentials.describe(): never a key or value
     mode: str = "plan"               # plan | manual | search
     manual_warmup_s: float = 10.0
@@ -167,6 +173,7 @@ def settings_from(options) -> Settings:
         run_id=check_id(get("run_id")) if get("run_id") else "",
         status_file=get("status_file", "") or "",
         hardware=get("hardware", "") or "",
+        server_kind=get("server_kind", "") or "",
         auth=credentials_from(options).describe(),
         mode=get("mode", "plan") or "plan",
         manual_warmup_s=float(get("manual_warmup", 10.0)),

@@ -154,7 +154,7 @@ def start_local(variant: Variant, log_path: Path, port: int | None = None,
     command = [executable, *kind.command[1:], *variant.server_args(port=port, host="127.0.0.1"),
                *spans]
     env = dict(os.environ, PYTHONUNBUFFERED="1", **kind.dev_env,
-               **(otlp.SERVER_ENV if spans else {}))
+               **(otlp.server_env(kind) if spans else {}))
     child = procs.spawn(f"{variant.name}: {kind.label}", command, log_path, env=env)
     return RunningServer(variant, "local", f"http://127.0.0.1:{port}", log_path, [child])
 

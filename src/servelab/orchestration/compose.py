@@ -137,7 +137,7 @@ def _server_block(kind: ServerKind, blocks: _Blocks) -> dict:
         # vLLM's dev mode serves POST /reset_prefix_cache, which the matrix calls between runs
         # (SGLang serves /flush_cache without a switch).
         "environment": {"HF_TOKEN": "${HF_TOKEN:-}", **kind.dev_env,
-                        **(otlp.SERVER_ENV if kind.name in otlp.SPAN_KINDS else {})},
+                        **(otlp.server_env(kind) if kind.name in otlp.SPAN_KINDS else {})},
         "volumes": [f"hf-cache:{HF_CACHE}"],
         "ipc": "host",  # PyTorch's shared memory between TP/DP workers
         **({"extra_hosts": [f"{HOST_GATEWAY}:host-gateway"]}

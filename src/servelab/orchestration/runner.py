@@ -46,6 +46,7 @@ class RunOptions:
     log: str | Path | None = None    # with a target: the server's log, read by verify
     gpu_telemetry: str | None = None  # auto | nvml | dcgm=URL | off (orchestration.gpu_telemetry)
     otlp_port: int | None = None     # the master's OTLP span receiver; None or 0: a free port
+    server_kind: str | None = None   # with a target: vllm | sglang (None: the variant's, else vLLM)
 
 
 @dataclass
@@ -119,8 +120,9 @@ def run_profile(opt: RunOptions) -> RunResult:
                 target = opt.target.rstrip("/")
                 check_target(target)
                 hardware = opt.hardware
+                kind = otlp.kind_name(opt.server_kind, opt.variant)
                 print(f"servelab: the server's own per-request spans (request_phases) come "
-                      f"when it runs with {otlp_server_flags(opt.otlp_port)}", flush=True)
+                      f"when it runs with {otlp.told(opt.otlp_port, kind)}", flush=True)
             else:
                 sim, target = start_simulator(opt, logs)
                 hardware = opt.hardware or "L40S"
@@ -224,13 +226,6 @@ def check_target(target: str) -> None:
                         "use the simulator")
 
 
-def otlp_server_flags(port: int) -> str:
-    """What a vLLM server needs to send its spans to the master's receiver on ``port``."""
-    env = " ".join(f"{k}={v}" for k, v in otlp.SERVER_ENV.items())
-    return (f"{otlp.FLAG} {otlp.endpoint(port)} and the environment {env} (a batch every "
-            f"0.5 s; servelab run --otlp-port {port} keeps this port)")
-
-
 def start_simulator(opt: RunOptions, logs: Path) -> tuple[Child, str]:
     """``servelab sim`` on a free port, sending its spans to the run's receiver; returns the
     child and its base URL."""
@@ -276,7 +271,10 @@ def locust_command(opt: RunOptions, locustfile: Path, target: str, hardware: str
         cmd += ["--hardware", hardware]
     if opt.otlp_port:
         cmd += ["--otlp-port", str(opt.otlp_port)]
+    if opt.server_kind:
+        cmd += ["--server-kind", opt.server_kind]
     return cmd
+
 
 
 def _supervise_locust(cmd: list[str], workers: int, logs: Path, status_file: Path, quiet: bool,

@@ -241,8 +241,7 @@ class ServerCounter:
         self.failed = exc
         self.source, self.fast, self.cheap = fb.source, fb.fast, fb.cheap
         self.note = f"server counting stopped: {exc}; counting with the {fb.source} counter"
-        self.events.append({"t_unix": time.time(), "endpoint": exc.endpoint or "/tokenize",
-                            "outcome": exc.outcome or "error", "detail": str(exc)[:300]})
+        self.events.append(endpoint_event(exc))
         log.warning("servelab: %s; the prompts from now on are counted with the %s counter "
                     "(each row's prompt count source says so)", exc, fb.source)
 
@@ -340,6 +339,12 @@ def _next_choice(tokenizer_json):
     return counter
 
 
+def endpoint_event(exc: TokenCountError) -> dict:
+    """An answer the counter could not use, as the worker ships it for ``endpoint_events``."""
+    return {"t_unix": time.time(), "endpoint": exc.endpoint or "/tokenize",
+            "outcome": exc.outcome or "error", "detail": str(exc)[:300]}
+
+
 def make_counter(server_url: str | None = None, model: str | None = None,
                  tokenizer_json=None, timeout: float = 10.0, headers=None):
     """The best available counter: server, then local tokenizer.json, then the estimate.
@@ -360,6 +365,9 @@ def make_counter(server_url: str | None = None, model: str | None = None,
         except TokenCountError as exc:
             counter = _next_choice(tokenizer_json)
             counter.problem = exc
+            # the worker ships ``events`` at its end: a /tokenize refused at start is an
+            # endpoint_events row like one that fails mid-run, not only a log line
+            counter.events = [endpoint_event(exc)]
             counter.note = "; ".join([f"server counting unavailable: {exc}"]
                                      + ([counter.note] if counter.note else []))
             log.warning("servelab: token counts: %s; counting prompt tokens with the %s "

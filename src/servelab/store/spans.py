@@ -1,7 +1,7 @@
-"""The server's own account of each request: OTLP trace spans (vLLM's ``llm_request``) decoded
-into ``server_spans`` rows. The table's DDL and its row type live here, beside the decoder, so
-that the one definition of what a span column means sits with the attribute it comes from;
-``store.db`` applies ``DDL`` with schema.sql.
+"""The server's own account of each request: OTLP trace spans (vLLM's ``llm_request``; SGLang's
+request tree, ``spans_sglang``) decoded into ``server_spans`` rows. The table's DDL and its
+row type live here, beside the decoder, so that the one definition of what a span column means
+sits with the attribute it comes from; ``store.db`` applies ``DDL`` with schema.sql.
 
 vLLM 0.26 (``vllm/v1/engine/output_processor.py::do_tracing``) sends one SERVER span per
 finished request: start = the API server's arrival time, attributes in seconds::
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import orjson
 
 from servelab.core.errors import ServelabError
+from servelab.store import spans_sglang
 
 SPAN_NAME = "llm_request"
 REQUEST_ID = "gen_ai.request.id"
@@ -48,24 +49,30 @@ JSON = "application/json"
 
 DDL = """
 CREATE TABLE IF NOT EXISTS server_spans (
+    -- one row per request span; SGLang: per request root span (Req <rid>), with the scheduler's
+    -- slices that came before it (store/spans_sglang.py)
     run_id VARCHAR,                  -- the run that was active when the span arrived
-    server_request_id VARCHAR,       -- gen_ai.request.id as the server names it (cmpl-ID-0)
+    server_request_id VARCHAR,       -- gen_ai.request.id as the server names it (vLLM cmpl-ID-0;
+                                     -- SGLang: the root's gen_ai.request.id, else its rid)
     request_id VARCHAR,              -- the id servelab sent (X-Request-Id); NULL: not this run's
     received_unix DOUBLE,            -- when servelab received the export (its own clock)
-    start_unix DOUBLE,               -- span start: the server's arrival time (server clock)
-    end_unix DOUBLE,                 -- span end (server clock)
-    time_in_queue_s DOUBLE,
-    time_to_first_token_s DOUBLE,
-    time_in_model_prefill_s DOUBLE,
-    time_in_model_decode_s DOUBLE,
-    time_in_model_inference_s DOUBLE,
-    e2e_s DOUBLE,
-    prompt_tokens INTEGER,
-    completion_tokens INTEGER,
+    start_unix DOUBLE,               -- span start: the server's arrival time (server clock;
+                                     -- SGLang: root start, the HTTP handler's received_time)
+    end_unix DOUBLE,                 -- span end (server clock; SGLang: root end, finished_time)
+    time_in_queue_s DOUBLE,          -- SGLang: slice prefill_waiting (queue entry -> 1st forward)
+    time_to_first_token_s DOUBLE,    -- SGLang: root gen_ai.latency.time_to_first_token
+    time_in_model_prefill_s DOUBLE,  -- SGLang: slice prefill_forward (1st forward -> prefilled)
+    time_in_model_decode_s DOUBLE,   -- SGLang: root gen_ai.latency.time_in_model_decode
+    time_in_model_inference_s DOUBLE,  -- SGLang: NULL (its attribute starts at the dispatch)
+    e2e_s DOUBLE,                    -- SGLang: root gen_ai.latency.e2e
+    prompt_tokens INTEGER,           -- gen_ai.usage.prompt_tokens (SGLang: the root's)
+    completion_tokens INTEGER,       -- gen_ai.usage.completion_tokens (SGLang: the root's)
     trace_id VARCHAR,                -- hex
-    span_id VARCHAR,                 -- hex
-    service_name VARCHAR,            -- the resource's service.name (vllm, servelab-sim)
-    attributes JSON,                 -- every attribute of the span, as sent
+    span_id VARCHAR,                 -- hex (SGLang: the root's)
+    service_name VARCHAR,            -- the resource's service.name (vllm, sglang, servelab-sim)
+    attributes JSON,                 -- every attribute of the span, as sent (SGLang: the root's,
+                                     -- plus servelab.slices {name: [start_ns, end_ns]} used and
+                                     -- servelab.missing, the slices that had not come)
     duplicate BOOLEAN                -- a span of this server_request_id came before in the run
 );
 """
@@ -102,8 +109,9 @@ class SpanBodyError(ServelabError):
 @dataclass(slots=True)
 class Decoded:
     rows: list            # SpanRow, one per request span
-    other_spans: int      # spans that are not per request (vLLM's start-up spans), skipped
-    unnamed: int          # llm_request spans without gen_ai.request.id, skipped
+    other_spans: int      # spans that are not a request's row (vLLM's start-up spans; SGLang's
+                          # thread spans and stage slices, its slices kept for their root)
+    unnamed: int          # request spans without a request id, skipped
 
 
 def sent_id(server_request_id: str | None, run_id: str | None) -> str | None:
@@ -117,6 +125,19 @@ def sent_id(server_request_id: str | None, run_id: str | None) -> str | None:
     m = re.match(r"(?:chatcmpl-|cmpl-)?(" + re.escape(run_id) + r"-w\d+-\d+)(?:-.*)?$",
                  server_request_id)
     return m.group(1) if m else None
+
+
+def rid_sent_id(rid: str | None, run_id: str | None) -> str | None:
+    """The id servelab sent, from a SGLang root span's ``rid`` attribute: SGLang keeps only what
+    follows the last "_" (trace.py trace_req_start drops MultiTokenizer's worker prefix), so a
+    run id with "_" in it (a matrix run names its variant) is cut; servelab's ids end
+    ``-w<slot>-<seq>``, which has none, so the cut part is the run id's own head, put back."""
+    if not rid or not run_id:
+        return None
+    tail = run_id.rsplit("_", 1)[-1]
+    if "_" in run_id and re.fullmatch(re.escape(tail) + r"-w\d+-\d+", rid):
+        return run_id + rid[len(tail):]
+    return sent_id(rid, run_id)
 
 
 def inflate(body: bytes, encoding: str | None) -> bytes:
@@ -142,7 +163,9 @@ def inflate(body: bytes, encoding: str | None) -> bytes:
 def decode_export(body: bytes, content_type: str | None, run_id: str | None,
                   received_unix: float, encoding: str | None = None) -> Decoded:
     """An OTLP/HTTP ExportTraceServiceRequest body -> rows (``duplicate`` left False: the
-    receiver knows what came before)."""
+    receiver knows what came before). vLLM's ``llm_request`` is a row by itself; SGLang's root
+    span becomes one with the scheduler slices of its trace that came before (``spans_sglang``:
+    its slices of this body are taken first, whatever their order in it)."""
     data = inflate(body, encoding)
     ctype = (content_type or PROTOBUF).split(";")[0].strip().lower()
     if ctype == JSON:
@@ -151,25 +174,81 @@ def decode_export(body: bytes, content_type: str | None, run_id: str | None,
         spans = _protobuf_spans(data)
     else:
         raise SpanBodyError(f"Content-Type {content_type!r}: allowed {PROTOBUF} or {JSON}")
-    out = Decoded([], 0, 0)
-    for service, name, trace_id, span_id, start_ns, end_ns, attrs in spans:
-        if name != SPAN_NAME:
+    out, roots, sglang = Decoded([], 0, 0), [], None
+    for service, name, trace_id, span_id, parent_id, start_ns, end_ns, attrs in spans:
+        if name == SPAN_NAME:
+            row = _vllm_row(run_id, received_unix, service, trace_id, span_id, start_ns,
+                            end_ns, attrs)
+            _add(out, row)
+        elif spans_sglang.is_root(attrs):
+            roots.append((service, trace_id, span_id, start_ns, end_ns, attrs))
+        else:
             out.other_spans += 1
-            continue
-        rid = attrs.get(REQUEST_ID)
-        if not isinstance(rid, str) or not rid:
-            out.unnamed += 1
-            continue
-        row = SpanRow(run_id=run_id, server_request_id=rid, request_id=sent_id(rid, run_id),
-                      received_unix=received_unix, start_unix=_seconds(start_ns),
-                      end_unix=_seconds(end_ns), prompt_tokens=_int(attrs.get(PROMPT_TOKENS)),
-                      completion_tokens=_int(attrs.get(COMPLETION_TOKENS)), trace_id=trace_id,
-                      span_id=span_id, service_name=service,
-                      attributes=orjson.dumps(attrs).decode())
-        for attr, column in LATENCY.items():
-            setattr(row, column, _float(attrs.get(attr)))
-        out.rows.append(row)
+            if spans_sglang.is_piece(name, attrs):
+                sglang = sglang or spans_sglang.assembler_for(run_id)
+                sglang.add_slice(trace_id, parent_id, name, start_ns, end_ns)
+    for service, trace_id, span_id, start_ns, end_ns, attrs in roots:
+        sglang = sglang or spans_sglang.assembler_for(run_id)
+        _add(out, _sglang_row(sglang, run_id, received_unix, service, trace_id, span_id,
+                              start_ns, end_ns, attrs))
     return out
+
+
+def notes(run_id: str | None) -> list[str]:
+    """What the run's spans could not split or join, beyond the receiver's own counts (SGLang:
+    the phases it has no slice for, rows whose slices had not come)."""
+    return spans_sglang.notes(run_id)
+
+
+def _sglang_row(sglang, run_id, received_unix, service, trace_id, span_id, start_ns, end_ns,
+                attrs) -> SpanRow | None:
+    """A SGLang request's row: its root span's attributes and the scheduler's slices of its
+    trace that came before (spans_sglang.py says which column is which span's)."""
+    server_id = attrs.get(REQUEST_ID) or attrs.get(spans_sglang.RID)
+    if not isinstance(server_id, str) or not server_id:
+        return None
+    used, resent = sglang.take(trace_id)
+    row = SpanRow(run_id=run_id, server_request_id=server_id,
+                  request_id=sent_id(attrs.get(REQUEST_ID), run_id)
+                  or rid_sent_id(attrs.get(spans_sglang.RID), run_id),
+                  received_unix=received_unix, start_unix=_seconds(start_ns),
+                  end_unix=_seconds(end_ns), prompt_tokens=_int(attrs.get(PROMPT_TOKENS)),
+                  completion_tokens=_int(attrs.get(COMPLETION_TOKENS)), trace_id=trace_id,
+                  span_id=span_id, service_name=service)
+    for attr, column in spans_sglang.ROOT_LATENCY.items():
+        setattr(row, column, _float(attrs.get(attr)))
+    for column, seconds in spans_sglang.phases(used).items():
+        setattr(row, column, seconds)
+    lacking = spans_sglang.missing(used)
+    row.attributes = orjson.dumps({**attrs, "servelab.slices": used,
+                                   "servelab.missing": lacking}).decode()
+    if not resent:
+        sglang.count(lacking, row.request_id is None)
+    return row
+
+
+def _add(out: Decoded, row: SpanRow | None) -> None:
+    """A request span's row, or one more without a request id (None)."""
+    if row is None:
+        out.unnamed += 1
+    else:
+        out.rows.append(row)
+
+
+def _vllm_row(run_id, received_unix, service, trace_id, span_id, start_ns, end_ns,
+              attrs) -> SpanRow | None:
+    rid = attrs.get(REQUEST_ID)
+    if not isinstance(rid, str) or not rid:
+        return None
+    row = SpanRow(run_id=run_id, server_request_id=rid, request_id=sent_id(rid, run_id),
+                  received_unix=received_unix, start_unix=_seconds(start_ns),
+                  end_unix=_seconds(end_ns), prompt_tokens=_int(attrs.get(PROMPT_TOKENS)),
+                  completion_tokens=_int(attrs.get(COMPLETION_TOKENS)), trace_id=trace_id,
+                  span_id=span_id, service_name=service,
+                  attributes=orjson.dumps(attrs).decode())
+    for attr, column in LATENCY.items():
+        setattr(row, column, _float(attrs.get(attr)))
+    return row
 
 
 def count_spans(body: bytes, content_type: str | None, encoding: str | None = None) -> int:
@@ -220,7 +299,8 @@ def _protobuf_spans(data: bytes):
         for ss in rs.scope_spans:
             for s in ss.spans:
                 yield (service, s.name, s.trace_id.hex(), s.span_id.hex(),
-                       s.start_time_unix_nano, s.end_time_unix_nano, _pb_attrs(s.attributes))
+                       s.parent_span_id.hex() or None, s.start_time_unix_nano,
+                       s.end_time_unix_nano, _pb_attrs(s.attributes))
 
 
 def _pb_value(v):
@@ -257,8 +337,8 @@ def _json_spans(data: bytes):
                 if not isinstance(s, dict):
                     raise SpanBodyError("OTLP/JSON: spans[] must be objects")
                 yield (service, s.get("name"), s.get("traceId"), s.get("spanId"),
-                       s.get("startTimeUnixNano"), s.get("endTimeUnixNano"),
-                       _json_attrs(s.get("attributes")))
+                       s.get("parentSpanId") or None, s.get("startTimeUnixNano"),
+                       s.get("endTimeUnixNano"), _json_attrs(s.get("attributes")))
 
 
 def _json_value(v):

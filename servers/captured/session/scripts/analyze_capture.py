@@ -125,6 +125,33 @@ def server_md(conc, label, s) -> str:
 def server_csv(v, conc, source, s) -> dict:
     return {"variant": v, "level": conc, "source": source, **{k: s.get(k) for k in SERVER_KEYS}}
 
+
+def bench_figures(j) -> dict:
+    """A `vllm bench serve` result under stage_summary's names."""
+    return {"requests": j["completed"], "ttft_p50_ms": j["p50_ttft_ms"], "ttft_p99_ms": j["p99_ttft_ms"],
+            "tpot_p50_ms": j["p50_tpot_ms"], "itl_p50_ms": j["p50_itl_ms"], "itl_p99_ms": j["p99_itl_ms"],
+            "output_tokens_per_s": j["output_throughput"], "ttft_mean_ms": j["mean_ttft_ms"],
+            "tpot_mean_ms": j["mean_tpot_ms"], "itl_mean_ms": j["mean_itl_ms"]}
+
+
+def client_md(conc, label, c) -> str:
+    """One table row of a client's figures (stage_summary's names) over a level."""
+    return (f"| {conc} | {label} | {c['requests']} | {fmt(c['ttft_p50_ms'])} | "
+            f"{fmt(c['ttft_p99_ms'])} | {fmt(c['tpot_p50_ms'], 2)} | {fmt(c['itl_p50_ms'], 2)} | "
+            f"{fmt(c['itl_p99_ms'], 2)} | {fmt(c['output_tokens_per_s'])} |")
+
+
+def export_csv(con, v):
+    """The variant's requests and server_metrics as gzipped CSV, readable without DuckDB 2.x."""
+    for table, fn in (("requests", "servelab_requests.csv.gz"), ("server_metrics", "servelab_server_metrics.csv.gz")):
+        rows = con.sql(f"SELECT * FROM {table}")
+        with gzip.open(f"{C}/{v}/{fn}", "wt", newline="") as f:
+            w = csv.writer(f)
+            w.writerow([d[0] for d in rows.description])
+            for r in rows.fetchall():
+                w.writerow(r)
+
+
 def main():
     out_csv = []
     md = []
@@ -150,28 +177,20 @@ def main():
         md.append("| level | source | requests | TTFT p50 | TTFT p99 | TPOT p50 | ITL p50 | ITL p99 | output tok/s |")
         md.append("|---|---|---|---|---|---|---|---|---|")
         for lv, conc in (("c1", 1), ("c16", 16), ("c64", 64), ("c256", 256)):
-            j = bench[lv]
-            md.append(f"| {conc} | vllm bench serve (client) | {j['completed']} | {fmt(j['p50_ttft_ms'])} | "
-                      f"{fmt(j['p99_ttft_ms'])} | {fmt(j['p50_tpot_ms'], 2)} | {fmt(j['p50_itl_ms'], 2)} | "
-                      f"{fmt(j['p99_itl_ms'], 2)} | {fmt(j['output_throughput'])} |")
+            b = bench_figures(bench[lv])
+            md.append(client_md(conc, "vllm bench serve (client)", b))
             s = srv_bench[lv]
             md.append(server_md(conc, "server /metrics during that bench level", s))
-            out_csv.append({"variant": v, "level": conc, "source": "vllm_bench_client", "requests": j["completed"],
-                            "ttft_p50_ms": j["p50_ttft_ms"], "ttft_p99_ms": j["p99_ttft_ms"],
-                            "tpot_p50_ms": j["p50_tpot_ms"], "itl_p50_ms": j["p50_itl_ms"], "itl_p99_ms": j["p99_itl_ms"],
-                            "output_tokens_per_s": j["output_throughput"], "ttft_mean_ms": j["mean_ttft_ms"],
-                            "tpot_mean_ms": j["mean_tpot_ms"], "itl_mean_ms": j["mean_itl_ms"]})
+            out_csv.append({"variant": v, "level": conc, "source": "vllm_bench_client", **b})
             out_csv.append(server_csv(v, conc, "server_hist_during_bench_level", s))
             if conc in sl:
                 r = sl[conc]
-                md.append(f"| {conc} | servelab (client, measured window) | {r['completed']} | {fmt(r['ttft_p50_ms'])} | "
-                          f"{fmt(r['ttft_p99_ms'])} | {fmt(r['tpot_p50_ms'], 2)} | {fmt(r['itl_p50_ms'], 2)} | "
-                          f"{fmt(r['itl_p99_ms'], 2)} | {fmt(r['output_tokens_per_s'])} |")
+                c = {"requests": r["completed"], **{k: r[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+                                                                      "itl_p50_ms", "itl_p99_ms", "output_tokens_per_s")}}
+                md.append(client_md(conc, "servelab (client, measured window)", c))
                 s = srv_sl[conc]
                 md.append(server_md(conc, "server /metrics during servelab's window", s))
-                out_csv.append({"variant": v, "level": conc, "source": "servelab_client", "requests": r["completed"],
-                                **{k: r[k] for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms",
-                                                     "itl_p99_ms", "output_tokens_per_s")}})
+                out_csv.append({"variant": v, "level": conc, "source": "servelab_client", **c})
                 out_csv.append(server_csv(v, conc, "server_hist_during_servelab_window", s))
         # totals over the whole server life (before -> after)
         tot = server_row(load(f"{C}/{v}/metrics_before.txt"), load(f"{C}/{v}/metrics_after.txt"))
@@ -180,14 +199,7 @@ def main():
                   f"{tot['prompt_tokens']:.0f} prompt tokens, {tot['gen_tokens']:.0f} generated tokens; TTFT mean "
                   f"{fmt(tot['ttft_mean_ms'])} ms, TPOT mean {fmt(tot['tpot_mean_ms'], 2)} ms, ITL mean "
                   f"{fmt(tot['itl_mean_ms'], 2)} ms, queue time mean {fmt(tot['queue_mean_ms'], 1)} ms.")
-        # per-variant exports readable without DuckDB 2.x
-        for table, fn in (("requests", "servelab_requests.csv.gz"), ("server_metrics", "servelab_server_metrics.csv.gz")):
-            rows = con.sql(f"SELECT * FROM {table}")
-            with gzip.open(f"{C}/{v}/{fn}", "wt", newline="") as f:
-                w = csv.writer(f)
-                w.writerow([d[0] for d in rows.description])
-                for r in rows.fetchall():
-                    w.writerow(r)
+        export_csv(con, v)
     keys = ["variant", "level", "source", "requests", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p50_ms",
             "itl_p99_ms", "output_tokens_per_s", "ttft_mean_ms", "tpot_mean_ms", "itl_mean_ms"]
     with open(f"{C}/bench/side_by_side.csv", "w", newline="") as f:
@@ -199,14 +211,7 @@ def main():
         f.write("\n".join(md) + "\n")
     # short variants: requests + server_metrics exports too
     for v in ("spec_ngram", "tuned", "kv_fp8", "no_prefix_cache"):
-        con = open_db(f"{C}/{v}/servelab_duckdb-2.0.1.duckdb.gz")
-        for table, fn in (("requests", "servelab_requests.csv.gz"), ("server_metrics", "servelab_server_metrics.csv.gz")):
-            rows = con.sql(f"SELECT * FROM {table}")
-            with gzip.open(f"{C}/{v}/{fn}", "wt", newline="") as f:
-                w = csv.writer(f)
-                w.writerow([d[0] for d in rows.description])
-                for r in rows.fetchall():
-                    w.writerow(r)
+        export_csv(open_db(f"{C}/{v}/servelab_duckdb-2.0.1.duckdb.gz"), v)
 
 
 if __name__ == "__main__":

@@ -54,8 +54,12 @@ _CONNECT_FRAMES = {"_create_socket", "_connect_socket", "create_connection", "ge
 class Target:
     """What this process has learnt about the server under test."""
 
-    def __init__(self, base_url: str, chat: bool, model: str | None):
+    def __init__(self, base_url: str, chat: bool, model: str | None,
+                 id_field: str | None = None):
         self.base_url = base_url.rstrip("/")
+        # SGLang names a request (and its spans) by the body's `rid`, not the X-Request-Id
+        # header: for such a target servelab's id goes in the body too.
+        self.id_field = id_field
         self.chat = chat
         self.path = "/v1/chat/completions" if chat else "/v1/completions"
         self.model = model
@@ -115,6 +119,8 @@ def _attempt(session, target: Target, spec: RequestSpec, watchdog: Watchdog,
     body = dict(spec.body)
     body["stream"] = True
     body["stream_options"] = _CONTINUOUS if continuous else _USAGE_ONLY
+    if target.id_field:
+        body[target.id_field] = spec.request_id
     data = orjson.dumps(body)
     wire = None
     if texts is not None:

@@ -11,6 +11,7 @@ import sys
 import time
 
 from servelab import __version__
+from servelab.core.errors import ServelabError
 from servelab.core.timeouts import HTTP_PROBE_S
 from servelab.loadgen import profile_files
 from servelab.loadgen.options import Settings
@@ -35,6 +36,7 @@ class RunRecord:
         self.seed = profile.seed if settings.seed is None else settings.seed
         self.host_info = _host_info()
         self.gpus = _variant_gpus(settings.variant)
+        self.request_id_field = _request_id_field(settings)
         self.profile_text = profile.path.read_text(encoding="utf-8")
         # A worker may be another host without the master's files: they travel in the RUN message.
         self.profile_files = profile_files.bundle(profile) if workers else {}
@@ -45,7 +47,7 @@ class RunRecord:
                 "profile_path": str(self.profile.path), "profile_text": self.profile_text,
                 "profile_files": self.profile_files,
                 "seed": self.seed, "salt": self.salt, "model": self.model,
-                "target": self.target}
+                "target": self.target, "request_id_field": self.request_id_field}
 
     def row(self, status: str, notes: str | None = None,
             extra_settings: dict | None = None) -> RunRow:
@@ -89,6 +91,32 @@ def _host_info() -> dict:
     return {"hostname": socket.gethostname(), "cpus": os.cpu_count(),
             "python": sys.version.split()[0], "platform": platform.platform(),
             "locust": locust.__version__, "duckdb": duckdb.__version__}
+
+
+def _request_id_field(settings: Settings) -> str | None:
+    """The body field that names a request for the target's kind (SGLang: ``rid``), or None
+    (vLLM reads the X-Request-Id header every request carries). An unknown --server-kind is
+    the user's mistake, said before any request is sent."""
+    from servelab.specs.server_kinds import KINDS, tracing_of
+
+    if settings.server_kind and settings.server_kind not in KINDS:
+        raise ServelabError(f"--server-kind {settings.server_kind!r}: not a server kind servelab "
+                            f"knows; use one of {', '.join(KINDS)} (or leave it out: the "
+                            "variant's, else vllm)")
+    name = settings.server_kind or _variant_kind(settings.variant)
+    tracing = tracing_of(KINDS[name]) if name else None
+    return getattr(tracing, "REQUEST_ID_FIELD", None)
+
+
+def _variant_kind(variant: str) -> str | None:
+    if not variant:
+        return None
+    try:
+        from servelab.specs.variants import load_variant
+
+        return load_variant(variant).kind.name
+    except Exception:  # noqa: BLE001 - a variant name that is only a label
+        return None
 
 
 def _variant_gpus(variant: str) -> int | None:

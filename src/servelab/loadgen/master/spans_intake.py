@@ -84,8 +84,11 @@ class SpanIntake:
         """The run is ending: wait for its last spans, stop storing, return its notes."""
         self._follow()
         self.settle()
+        run_id = self.run_id
         self.end()
-        return self.notes()
+        # The decoder's own notes (SGLang: phases it has no slice for, rows whose slices had
+        # not come) belong to the run beside the receiver's counts.
+        return self.notes() + spans.notes(run_id)
 
     def _follow(self) -> None:
         """Begin the collector's run when it has one this intake has not seen."""

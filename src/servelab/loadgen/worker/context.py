@@ -104,7 +104,7 @@ class WorkerContext:
         self.count_source = counter.source
         self.counter = counter
         self.builder = PromptBuilder(self.profile, counter, salt=run["salt"], seed=run["seed"])
-        self.target = Target(base_url, self.chat, run["model"])
+        self.target = Target(base_url, self.chat, run["model"], run.get("request_id_field"))
         self.watchdog = Watchdog(settings.timeouts)
         spool = Spool(settings.spool_dir, self.run_id, self.worker)
         self.spool_path = str(spool.dir.resolve())

@@ -46,5 +46,16 @@ def server_kind(name: str = DEFAULT_KIND) -> ServerKind:
         raise ServelabError(f"unknown server kind {name!r}; known: {', '.join(KINDS)}") from None
 
 
+def tracing_of(kind: ServerKind):
+    """The kind package's ``TRACING`` (how it is told where spans go, which body field names a
+    request: SWITCHES, ENDPOINT_FLAG, ENV, REQUEST_ID_FIELD), or None: vLLM's way (the flag,
+    the X-Request-Id header). A kind made outside this package (a test's) has none."""
+    try:
+        package = importlib.import_module(f"{__name__}.{kind.name}")
+    except ImportError:
+        return None
+    return getattr(package, "TRACING", None)
+
+
 __all__ = ["DEFAULT_KIND", "FLAG_CONCEPTS", "KINDS", "LinearPath", "SGLANG", "SPECULATIVE_METHODS",
-           "ServerFacts", "ServerKind", "SimDialect", "VLLM", "find_kinds", "server_kind"]
+           "ServerFacts", "ServerKind", "SimDialect", "VLLM", "find_kinds", "server_kind", "tracing_of"]
