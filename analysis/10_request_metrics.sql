@@ -35,6 +35,18 @@
 --   e2e_slo_met   = ok AND e2e_ms <= slo_e2e_ms.
 --   slo_met       = ok AND every SLO that the class sets is met.  A failed request meets no SLO.
 CREATE OR REPLACE MACRO servelab_chunk_weight(k) AS greatest(coalesce(k, 1), 1);
+-- tpot_ms and slo_met, as macros: the master's live window (loadgen/master/live_stats.py) reads
+-- these same definitions into its in-memory DuckDB.
+CREATE OR REPLACE MACRO servelab_tpot_ms(e2e_ms, ttft_ms, output_tokens) AS
+    CASE WHEN output_tokens > 1 THEN (e2e_ms - ttft_ms) / (output_tokens - 1) END;
+CREATE OR REPLACE MACRO servelab_slo_met(ok, ttft_ms, e2e_ms, output_tokens, itl_max_ms,
+                                         slo_ttft_ms, slo_tpot_ms, slo_itl_ms, slo_e2e_ms) AS
+    ok
+    AND (slo_ttft_ms IS NULL OR coalesce(ttft_ms <= slo_ttft_ms, false))
+    AND (slo_tpot_ms IS NULL OR NOT coalesce(output_tokens > 1, false)
+         OR coalesce(servelab_tpot_ms(e2e_ms, ttft_ms, output_tokens) <= slo_tpot_ms, false))
+    AND (slo_itl_ms IS NULL OR itl_max_ms IS NULL OR itl_max_ms <= slo_itl_ms)
+    AND (slo_e2e_ms IS NULL OR coalesce(e2e_ms <= slo_e2e_ms, false));
 
 CREATE OR REPLACE VIEW request_metrics AS
 WITH derived AS (
@@ -71,8 +83,7 @@ SELECT
     d.done_unix,
     d.ttft_ms_eff AS ttft_ms,
     d.e2e_ms_eff AS e2e_ms,
-    CASE WHEN d.output_tokens > 1
-         THEN (d.e2e_ms_eff - d.ttft_ms_eff) / (d.output_tokens - 1) END AS tpot_ms,
+    servelab_tpot_ms(d.e2e_ms_eff, d.ttft_ms_eff, d.output_tokens) AS tpot_ms,
     1000.0 * (d.sent_unix - d.scheduled_unix) AS send_lag_ms,
     1000.0 * (d.first_token_unix - d.scheduled_unix) AS ttft_sched_ms,
     1000.0 * (d.last_token_unix - d.scheduled_unix) AS e2e_sched_ms,
@@ -102,12 +113,8 @@ SELECT
          ELSE d.ok AND (d.gap_token_max_ms IS NULL OR d.gap_token_max_ms <= c.slo_itl_ms) END AS itl_slo_met,
     CASE WHEN c.slo_e2e_ms IS NULL THEN NULL
          ELSE d.ok AND coalesce(d.e2e_ms_eff <= c.slo_e2e_ms, false) END AS e2e_slo_met,
-    d.ok
-        AND (c.slo_ttft_ms IS NULL OR coalesce(d.ttft_ms_eff <= c.slo_ttft_ms, false))
-        AND (c.slo_tpot_ms IS NULL OR NOT coalesce(d.output_tokens > 1, false)
-             OR coalesce((d.e2e_ms_eff - d.ttft_ms_eff) / (d.output_tokens - 1) <= c.slo_tpot_ms, false))
-        AND (c.slo_itl_ms IS NULL OR d.gap_token_max_ms IS NULL OR d.gap_token_max_ms <= c.slo_itl_ms)
-        AND (c.slo_e2e_ms IS NULL OR coalesce(d.e2e_ms_eff <= c.slo_e2e_ms, false)) AS slo_met,
+    servelab_slo_met(d.ok, d.ttft_ms_eff, d.e2e_ms_eff, d.output_tokens, d.gap_token_max_ms,
+                     c.slo_ttft_ms, c.slo_tpot_ms, c.slo_itl_ms, c.slo_e2e_ms) AS slo_met,
     d.prefix_group,
     d.session_id,
     d.turn,

@@ -25,6 +25,27 @@
 -- slo_attainment = requests meeting every SLO / requests (failures included in the denominator);
 --   <slo>_attainment likewise for one SLO, over requests whose class sets it.
 -- error_rate = errors / requests.
+-- The latency figures, defined once for stage_summary and phase_stage_summary (45): aggregates
+-- returning a struct, which a view spreads into columns with COLUMNS(s.*) AS '<figure>_\0':
+--   servelab_latency(x, keep)   = {mean_ms, p50_ms, p90_ms, p95_ms, p99_ms} of x over rows kept;
+--   servelab_latency_adj(x, ok) = {p50_adj_ms, p90_adj_ms, p99_adj_ms} of x over every row, a row
+--                                 not ok counting as +infinity (the error-adjusted percentiles);
+--   servelab_p50_p99(x, keep)   = {p50_ms, p99_ms} of x over rows kept (keep: all by default).
+-- The percentiles index one list-valued quantile_cont, which DuckDB computes once per group.
+CREATE OR REPLACE MACRO servelab_latency(x, keep) AS {
+    'mean_ms': avg(x) FILTER (WHERE keep),
+    'p50_ms': (quantile_cont(x, [0.5, 0.9, 0.95, 0.99]) FILTER (WHERE keep))[1],
+    'p90_ms': (quantile_cont(x, [0.5, 0.9, 0.95, 0.99]) FILTER (WHERE keep))[2],
+    'p95_ms': (quantile_cont(x, [0.5, 0.9, 0.95, 0.99]) FILTER (WHERE keep))[3],
+    'p99_ms': (quantile_cont(x, [0.5, 0.9, 0.95, 0.99]) FILTER (WHERE keep))[4]};
+CREATE OR REPLACE MACRO servelab_latency_adj(x, ok) AS {
+    'p50_adj_ms': quantile_cont(CASE WHEN ok THEN x ELSE 'infinity'::DOUBLE END, [0.5, 0.9, 0.99])[1],
+    'p90_adj_ms': quantile_cont(CASE WHEN ok THEN x ELSE 'infinity'::DOUBLE END, [0.5, 0.9, 0.99])[2],
+    'p99_adj_ms': quantile_cont(CASE WHEN ok THEN x ELSE 'infinity'::DOUBLE END, [0.5, 0.9, 0.99])[3]};
+CREATE OR REPLACE MACRO servelab_p50_p99(x, keep := true) AS {
+    'p50_ms': (quantile_cont(x, [0.5, 0.99]) FILTER (WHERE keep))[1],
+    'p99_ms': (quantile_cont(x, [0.5, 0.99]) FILTER (WHERE keep))[2]};
+
 CREATE OR REPLACE VIEW stage_summary AS
 WITH RECURSIVE
 counted AS (
@@ -46,18 +67,15 @@ req_stats AS (
         avg(tpot_slo_met::INTEGER) AS tpot_slo_attainment,
         avg(itl_slo_met::INTEGER) AS itl_slo_attainment,
         avg(e2e_slo_met::INTEGER) AS e2e_slo_attainment,
-        avg(ttft_ms) FILTER (WHERE ok) AS ttft_mean_ms,
-        quantile_cont(ttft_ms, [0.5, 0.9, 0.95, 0.99]) FILTER (WHERE ok) AS ttft_q,
-        quantile_cont(CASE WHEN ok THEN ttft_ms ELSE 'infinity'::DOUBLE END, [0.5, 0.9, 0.99]) AS ttft_adj_q,
-        avg(tpot_ms) FILTER (WHERE ok) AS tpot_mean_ms,
-        quantile_cont(tpot_ms, [0.5, 0.9, 0.95, 0.99]) FILTER (WHERE ok) AS tpot_q,
-        avg(e2e_ms) FILTER (WHERE ok) AS e2e_mean_ms,
-        quantile_cont(e2e_ms, [0.5, 0.9, 0.95, 0.99]) FILTER (WHERE ok) AS e2e_q,
-        quantile_cont(CASE WHEN ok THEN e2e_ms ELSE 'infinity'::DOUBLE END, [0.5, 0.9, 0.99]) AS e2e_adj_q,
-        quantile_cont(send_lag_ms, [0.5, 0.99]) AS send_lag_q,
+        servelab_latency(ttft_ms, ok) AS ttft,
+        servelab_latency_adj(ttft_ms, ok) AS ttft_adj,
+        servelab_latency(tpot_ms, ok) AS tpot,
+        servelab_latency(e2e_ms, ok) AS e2e,
+        servelab_latency_adj(e2e_ms, ok) AS e2e_adj,
+        servelab_p50_p99(send_lag_ms) AS send_lag,
         max(send_lag_ms) AS send_lag_max_ms,
-        quantile_cont(ttft_sched_ms, [0.5, 0.99]) FILTER (WHERE ok) AS ttft_sched_q,
-        quantile_cont(e2e_sched_ms, [0.5, 0.99]) FILTER (WHERE ok) AS e2e_sched_q,
+        servelab_p50_p99(ttft_sched_ms, ok) AS ttft_sched,
+        servelab_p50_p99(e2e_sched_ms, ok) AS e2e_sched,
         avg(prompt_tokens) FILTER (WHERE ok) AS prompt_tokens_mean,
         avg(output_tokens) FILTER (WHERE ok) AS output_tokens_mean,
         avg(tokens_per_chunk) FILTER (WHERE ok) AS tokens_per_chunk_mean,
@@ -174,43 +192,16 @@ SELECT
     r.errors_by_kind,
     coalesce(d.dropped, 0) AS dropped,
     coalesce(r.late, 0) AS late,
-    r.ttft_mean_ms,
-    r.ttft_q[1] AS ttft_p50_ms,
-    r.ttft_q[2] AS ttft_p90_ms,
-    r.ttft_q[3] AS ttft_p95_ms,
-    r.ttft_q[4] AS ttft_p99_ms,
-    r.ttft_adj_q[1] AS ttft_p50_adj_ms,
-    r.ttft_adj_q[2] AS ttft_p90_adj_ms,
-    r.ttft_adj_q[3] AS ttft_p99_adj_ms,
-    it.itl_mean_ms,
-    it.itl_p50_ms,
-    it.itl_p90_ms,
-    it.itl_p95_ms,
-    it.itl_p99_ms,
-    it.itl_chunk_mean_ms,
-    it.itl_chunk_p50_ms,
-    it.itl_chunk_p99_ms,
-    it.itl_quantile_method,
-    r.tpot_mean_ms,
-    r.tpot_q[1] AS tpot_p50_ms,
-    r.tpot_q[2] AS tpot_p90_ms,
-    r.tpot_q[3] AS tpot_p95_ms,
-    r.tpot_q[4] AS tpot_p99_ms,
-    r.e2e_mean_ms,
-    r.e2e_q[1] AS e2e_p50_ms,
-    r.e2e_q[2] AS e2e_p90_ms,
-    r.e2e_q[3] AS e2e_p95_ms,
-    r.e2e_q[4] AS e2e_p99_ms,
-    r.e2e_adj_q[1] AS e2e_p50_adj_ms,
-    r.e2e_adj_q[2] AS e2e_p90_adj_ms,
-    r.e2e_adj_q[3] AS e2e_p99_adj_ms,
-    r.send_lag_q[1] AS send_lag_p50_ms,
-    r.send_lag_q[2] AS send_lag_p99_ms,
+    COLUMNS(ttft.*) AS 'ttft_\0',
+    COLUMNS(ttft_adj.*) AS 'ttft_\0',
+    it.* EXCLUDE (run_id, stage, class_name),
+    COLUMNS(tpot.*) AS 'tpot_\0',
+    COLUMNS(e2e.*) AS 'e2e_\0',
+    COLUMNS(e2e_adj.*) AS 'e2e_\0',
+    COLUMNS(send_lag.*) AS 'send_lag_\0',
     r.send_lag_max_ms,
-    r.ttft_sched_q[1] AS ttft_sched_p50_ms,
-    r.ttft_sched_q[2] AS ttft_sched_p99_ms,
-    r.e2e_sched_q[1] AS e2e_sched_p50_ms,
-    r.e2e_sched_q[2] AS e2e_sched_p99_ms,
+    COLUMNS(ttft_sched.*) AS 'ttft_sched_\0',
+    COLUMNS(e2e_sched.*) AS 'e2e_sched_\0',
     r.prompt_tokens_mean,
     r.output_tokens_mean,
     r.tokens_per_chunk_mean,
@@ -219,7 +210,7 @@ SELECT
     coalesce(t.output_tokens_in_window, 0) / nullif(w.window_s, 0) AS output_tokens_per_s,
     coalesce(t.output_tokens_in_window, 0) / nullif(w.window_s, 0) / nullif(ru.gpus, 0)
         AS output_tokens_per_s_per_gpu,
-    1000.0 / nullif(r.tpot_mean_ms, 0) AS output_tokens_per_s_per_user,
+    1000.0 / nullif(r.tpot.mean_ms, 0) AS output_tokens_per_s_per_user,
     coalesce(r.requests, 0) / nullif(w.window_s, 0) AS requests_per_s,
     coalesce(r.completed, 0) / nullif(w.window_s, 0) AS completed_per_s,
     coalesce(r.slo_met_requests, 0) AS slo_met_requests,

@@ -28,8 +28,9 @@
 --   id, or an id no request row has), duplicates (spans beyond the first per server id), and
 --   sent requests with no span.
 -- phase_stage_summary: per run x stage, over measured completed requests: counts (requests,
---   with_span, without_span, duplicate_spans) and the median (_p50) and p99 (quantile_cont) of
---   every phase and residual, with the run's clock offset.
+--   with_span, without_span, duplicate_spans) and the median (_p50) and p99 (quantile_cont,
+--   servelab_p50_p99 of 30_stage_summary.sql) of every phase and residual, with the run's clock
+--   offset.
 CREATE OR REPLACE VIEW request_phases AS
 WITH matched AS (
     SELECT *,
@@ -105,36 +106,44 @@ SELECT coalesce(q.run_id, s.run_id) AS run_id,
 FROM reqs q FULL OUTER JOIN spans s ON s.run_id = q.run_id;
 
 CREATE OR REPLACE VIEW phase_stage_summary AS
-SELECT run_id, stage, any_value(level) AS level,
-    count(*) AS requests,
-    count(*) FILTER (WHERE has_span) AS with_span,
-    count(*) FILTER (WHERE NOT has_span) AS without_span,
-    sum(duplicate_spans)::BIGINT AS duplicate_spans,
-    any_value(clock_offset_ms) AS clock_offset_ms,
-    any_value(clock_offset_lo_ms) AS clock_offset_lo_ms,
-    any_value(clock_offset_hi_ms) AS clock_offset_hi_ms,
-    any_value(clock_offset_source) AS clock_offset_source,
-    quantile_cont(ttft_ms, 0.5) FILTER (WHERE has_span) AS ttft_p50_ms,
-    quantile_cont(to_server_ms, 0.5) AS to_server_p50_ms,
-    quantile_cont(to_server_ms, 0.99) AS to_server_p99_ms,
-    quantile_cont(queue_ms, 0.5) AS queue_p50_ms,
-    quantile_cont(queue_ms, 0.99) AS queue_p99_ms,
-    quantile_cont(prefill_ms, 0.5) AS prefill_p50_ms,
-    quantile_cont(prefill_ms, 0.99) AS prefill_p99_ms,
-    quantile_cont(server_other_ms, 0.5) AS server_other_p50_ms,
-    quantile_cont(server_other_ms, 0.99) AS server_other_p99_ms,
-    quantile_cont(to_client_ms, 0.5) AS to_client_p50_ms,
-    quantile_cont(to_client_ms, 0.99) AS to_client_p99_ms,
-    quantile_cont(ttft_residual_ms, 0.5) AS ttft_residual_p50_ms,
-    quantile_cont(ttft_residual_ms, 0.99) AS ttft_residual_p99_ms,
-    quantile_cont(server_ttft_ms, 0.5) AS server_ttft_p50_ms,
-    quantile_cont(e2e_ms, 0.5) FILTER (WHERE has_span) AS e2e_p50_ms,
-    quantile_cont(decode_ms, 0.5) AS decode_p50_ms,
-    quantile_cont(decode_ms, 0.99) AS decode_p99_ms,
-    quantile_cont(last_to_client_ms, 0.5) AS last_to_client_p50_ms,
-    quantile_cont(last_to_client_ms, 0.99) AS last_to_client_p99_ms,
-    quantile_cont(e2e_residual_ms, 0.5) AS e2e_residual_p50_ms,
-    quantile_cont(e2e_residual_ms, 0.99) AS e2e_residual_p99_ms
-FROM request_phases
-WHERE measured AND ok
-GROUP BY run_id, stage;
+WITH per_stage AS (
+    SELECT run_id, stage, any_value(level) AS level,
+        count(*) AS requests,
+        count(*) FILTER (WHERE has_span) AS with_span,
+        count(*) FILTER (WHERE NOT has_span) AS without_span,
+        sum(duplicate_spans)::BIGINT AS duplicate_spans,
+        any_value(clock_offset_ms) AS clock_offset_ms,
+        any_value(clock_offset_lo_ms) AS clock_offset_lo_ms,
+        any_value(clock_offset_hi_ms) AS clock_offset_hi_ms,
+        any_value(clock_offset_source) AS clock_offset_source,
+        quantile_cont(ttft_ms, 0.5) FILTER (WHERE has_span) AS ttft_p50_ms,
+        servelab_p50_p99(to_server_ms) AS to_server,
+        servelab_p50_p99(queue_ms) AS queue,
+        servelab_p50_p99(prefill_ms) AS prefill,
+        servelab_p50_p99(server_other_ms) AS server_other,
+        servelab_p50_p99(to_client_ms) AS to_client,
+        servelab_p50_p99(ttft_residual_ms) AS ttft_residual,
+        quantile_cont(server_ttft_ms, 0.5) AS server_ttft_p50_ms,
+        quantile_cont(e2e_ms, 0.5) FILTER (WHERE has_span) AS e2e_p50_ms,
+        servelab_p50_p99(decode_ms) AS decode,
+        servelab_p50_p99(last_to_client_ms) AS last_to_client,
+        servelab_p50_p99(e2e_residual_ms) AS e2e_residual
+    FROM request_phases
+    WHERE measured AND ok
+    GROUP BY run_id, stage
+)
+-- Each phase's struct spread into <phase>_p50_ms, <phase>_p99_ms, in the order above.
+SELECT run_id, stage, level, requests, with_span, without_span, duplicate_spans,
+    clock_offset_ms, clock_offset_lo_ms, clock_offset_hi_ms, clock_offset_source, ttft_p50_ms,
+    COLUMNS(to_server.*) AS 'to_server_\0',
+    COLUMNS(queue.*) AS 'queue_\0',
+    COLUMNS(prefill.*) AS 'prefill_\0',
+    COLUMNS(server_other.*) AS 'server_other_\0',
+    COLUMNS(to_client.*) AS 'to_client_\0',
+    COLUMNS(ttft_residual.*) AS 'ttft_residual_\0',
+    server_ttft_p50_ms,
+    e2e_p50_ms,
+    COLUMNS(decode.*) AS 'decode_\0',
+    COLUMNS(last_to_client.*) AS 'last_to_client_\0',
+    COLUMNS(e2e_residual.*) AS 'e2e_residual_\0'
+FROM per_stage;

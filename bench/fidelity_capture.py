@@ -31,6 +31,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from capture_export import open_export  # noqa: E402  (a sibling script, not a package)
 WORKLOADS = ROOT / "bench" / "fidelity_workloads"
 MODEL, HARDWARE = "Qwen/Qwen2.5-7B-Instruct", "H200"
+# The Int4 captures served the same model folder with a quantization_config (their cmd.txt names
+# the folder, not the id): the checkpoints whose config it carries, as servers/variants has them.
+MODELS = {"gptq_int4": "Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4",
+          "awq_int4": "Qwen/Qwen2.5-7B-Instruct-AWQ"}
+CLAIMS = {"gptq_int4": ("int4", "fp16"), "awq_int4": ("int4", "fp16")}
 COLS = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "itl_p99_ms", "output_tokens_per_s")
 SHORT = {"ttft_p50_ms": "ttft_p50", "ttft_p99_ms": "ttft_p99", "tpot_p50_ms": "tpot_p50",
          "itl_p99_ms": "itl_p99", "output_tokens_per_s": "tok_s"}
@@ -80,10 +85,11 @@ def predict_run(profile: Path, args, work: Path, capture: Path) -> dict:
 
     spec = work / f"{args.variant}.yaml"
     cc = 8.9 if args.variant == "fp8" else 8.0
-    spec.write_text(f"name: {args.variant}\nmodel: {MODEL}\n"
+    weights, acts = CLAIMS.get(args.variant, (args.variant, args.variant))
+    spec.write_text(f"name: {args.variant}\nmodel: {MODELS.get(args.variant, MODEL)}\n"
                     f"serve_args: {json.dumps(serve_args(capture, args.variant))}\n"
                     "description: the captured server's engine flags\n"
-                    f"claims: {{weights: {args.variant}, activations: {args.variant}, "
+                    f"claims: {{weights: {weights}, activations: {acts}, "
                     f"speculative: null, min_compute_capability: {cc}}}\n")
     db = work / f"{profile.stem}.duckdb"
     res = predict(load_variant(spec), args.hardware, profile, db)
@@ -113,7 +119,8 @@ def main(argv=None) -> int:
            else open_export(args.capture))   # a capture kept in the repository
     runs = (args.runs.split(",") if args.runs else
             [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY started_unix").fetchall()])
-    config = build_engine_config(args.hardware, MODEL, serve_args(args.capture, args.variant))
+    config = build_engine_config(args.hardware, MODELS.get(args.variant, MODEL),
+                                 serve_args(args.capture, args.variant))
     print(f"{args.variant} on {args.hardware} ({' '.join(serve_args(args.capture, args.variant))}),"
           f" priced by {resolve_cost(config)[1]}")
     bad, cells = 0, 0

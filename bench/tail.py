@@ -20,7 +20,7 @@ With ``--commit HEAD`` (or ``--home HEAD=DIR``) the working tree is the column "
 committed code "HEAD".
 
 Usage: python bench/tail.py [--levels 128,256,384] [--commit 958f075 | --home NAME=DIR ...]
-       [--warmup 5]
+       [--no-tree] [--warmup 5]
        [--hold 20] [--server-cores 0] [--client-cores 1] [--metrics-body '{}']
 """
 from __future__ import annotations
@@ -220,6 +220,9 @@ def main() -> int:
     ap.add_argument("--home", action="append", default=[], metavar="NAME=DIR",
                     help="an earlier checkout already on disk (where there is no git history, "
                     "e.g. `git archive COMMIT src loadtests | tar -x -C DIR`)")
+    ap.add_argument("--no-tree", action="store_true",
+                    help="leave the working tree out: only the --commit and --home columns (a "
+                    "tree shared with unfinished edits is measured as a copy with --home)")
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--hold", type=float, default=20.0)
     ap.add_argument("--ttft-ms", type=float, default=50.0)
@@ -236,7 +239,7 @@ def main() -> int:
     # the working tree is "HEAD" unless another column is named so (``--commit HEAD``, or
     # ``--home HEAD=DIR`` with an archive of it): then it is "tree", beside it
     named = set(a.commit) | {spec.partition("=")[0] for spec in a.home}
-    homes = {"tree" if "HEAD" in named else "HEAD": ROOT}
+    homes = {} if a.no_tree else {"tree" if "HEAD" in named else "HEAD": ROOT}
     for commit in a.commit:
         homes[commit] = worktree(commit, tmp)
     for spec in a.home:

@@ -241,3 +241,33 @@ def test_summary_reads_the_chunk_lists_of_straddlers_only(tmp_path):
     assert len(lists) == 1 and straddlers <= lists[0] <= len(reqs) // 4, lists
     _assert_throughput(con)
     store.close()
+
+
+def test_batch_forms_equal_the_definitions(tmp_path):
+    """What the Store's batch path stores, on every token shape (counts all >= 1, more or fewer
+    than chunks, NULL, zero, negative, none, no chunks), is what REQUEST_SCALARS and
+    ITL_SKETCH_SELECT give from the stored row, value for value: a guard for any faster form of
+    the batch's statements."""
+    from servelab.store.db import ITL_SKETCH_SELECT
+    from servelab.store.rows import RequestRow
+
+    off = [50.0, 61.5, 61.5, 90.25, 130.0]
+    shapes = [(off, [1] * 5), (off, [1, 3, 2, 4, 1]), (off, [2, 1, 3, 7, 1, 9]),   # ones, spec, extra
+              (off, [1, 1]), (off, [1, None, 2, 1, 1]), (off, [1, 0, 2, 1, 1]),       # fewer, NULL, zero
+              (off, [3, -1, 2, 1, 1]), (off, None), (off, []), ([25.0], [4]), ([25.0], None),
+              ([], []), (None, None), ([10.0, 5.0, 7.0], [1, 1, 1]),                 # negative gap
+              ([0.0, 0.0, 1e-7, 7.5e6], [1, 2, 1, 5])]
+    store = Store(open_db(tmp_path / "b.duckdb"))
+    rows = [RequestRow(run_id="b", request_id=f"s{i:02d}", worker="w", worker_seq=i,
+                       chunk_offsets_ms=o, chunk_tokens=k) for i, (o, k) in enumerate(shapes)]
+    store.append_rows("requests", rows)
+    con = store.con
+    cols = ", ".join(REQUEST_SCALARS)
+    exprs = ", ".join(f"{e} AS {n}" for n, e in REQUEST_SCALARS.items())
+    assert (con.execute(f"SELECT request_id, {cols} FROM requests ORDER BY request_id").fetchall()
+            == con.execute(f"SELECT request_id, {exprs} FROM requests ORDER BY request_id").fetchall())
+    stored = con.execute("SELECT * FROM itl_sketches ORDER BY request_id").fetchall()
+    assert len(stored) == len(shapes)
+    assert stored == con.execute(f"SELECT * FROM ({ITL_SKETCH_SELECT.format(source='requests')}) "
+                                 "ORDER BY request_id").fetchall()
+    store.close()

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import orjson
 import pytest
@@ -33,13 +32,13 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from servelab.analysis.views import open_results_db
 from servelab.orchestration import otlp
 from servelab.specs.variants import load_variant
 from servelab.store import spans, spans_sglang
-from servelab.store.db import Store
 
-DATA = Path(__file__).parent / "data" / "otlp_h200"
+# The client rows are the vLLM capture's (its loader is test_request_phases'), the spans SGLang's.
+from test_request_phases import DATA, load
+
 RUN = "cap_prefill"
 HOST = "4f1c2a9be07d4e2b9c3d5a6e7f801234"   # /etc/machine-id
 
@@ -181,15 +180,6 @@ def stamps(c: dict, k: int) -> Req:
 
 def decode(body: bytes, received: float = 1.0) -> spans.Decoded:
     return spans.decode_export(body, spans.PROTOBUF, RUN, received)
-
-
-def load(tmp_path, rows):
-    con = open_results_db(tmp_path / "sglang.duckdb")
-    store = Store(con)
-    for table in ("runs", "stages", "requests"):
-        store.append_ndjson(table, (DATA / f"{table}.jsonl").read_bytes())
-    store.append_rows("server_spans", rows)
-    return con
 
 
 def test_sglang_tree_decodes_to_one_row_per_request_with_vllms_phases(tmp_path):

@@ -159,3 +159,37 @@ def test_the_response_head_leaves_the_body_to_the_reader():
     raw = response(b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: %d\r\n\r\n%s"
                    % (len(err), err))
     assert raw.get_code() == 500 and raw.read() == err
+
+
+def test_reads_of_several_whole_chunks_then_a_cut_one():
+    """The fast path takes the whole one-event chunks at the start of a read and leaves the rest
+    (a chunk cut by the read, two events in one chunk, the last chunk) to the general path: at
+    any cuts, each content chunk is stamped by the read that completed its line."""
+    n = 12
+    parts = events(n)
+    # two events in one HTTP chunk, and a chunk extension: not the fast path's shape
+    parts[4:6] = [parts[4] + parts[5]]
+    wire = chunked(parts[:7]) + [b"%x;x=1\r\n%s\r\n" % (len(parts[7]), parts[7])] \
+        + chunked(parts[8:]) + [b"0\r\n\r\n"]
+    whole = b"".join(wire)
+    lf = []   # where each content chunk's line ends, in the wire
+    pos = 0
+    for piece in wire:
+        start = pos
+        pos += len(piece)
+        at = piece.find(b"\n\n")
+        while at >= 0:
+            if b'"content":" tok"' in piece[:at]:
+                lf.append(start + at)
+            at = piece.find(b"\n\n", at + 2)
+    assert len(lf) == n
+    rnd = random.Random(11)
+    for _ in range(200):
+        cuts = sorted(rnd.sample(range(1, len(whole)), rnd.randint(1, 6)))
+        bounds = [0] + cuts + [len(whole)]
+        reads = [whole[a:b] for a, b in zip(bounds, bounds[1:])]
+        st = measure(reads)
+        assert st.error_kind is None, st.error_text
+        want = [float(next(i for i, b in enumerate(bounds[1:]) if p < b)) for p in lf]
+        assert list(st.stamps) == want
+        assert list(st.tokens) == [1] * n and st.done and st.usage["completion_tokens"] == n

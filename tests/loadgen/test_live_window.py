@@ -7,17 +7,17 @@ import math
 import random
 
 import duckdb
-import numpy as np
 import orjson
 import pytest
 
 from servelab.analysis.views import open_results_db
 from servelab.loadgen.master.live import LiveWindow
-from servelab.loadgen.master.live_stats import bin_values, sketch_bins
+from servelab.loadgen.master.live_stats import MACROS, LiveDb
 from servelab.loadgen.master.scraper import metric_rows, server_figures, server_state
+from servelab.loadgen.messages import StageMessage
 from servelab.loadgen.worker.recorder import _live_sample
 from servelab.store import runs as run_flags
-from servelab.store.db import SKETCH_GAMMA, Store, _bucket
+from servelab.store.db import Store
 from servelab.store.rows import ClassRow, HealthRow, RequestRow, RunRow, StageRow
 
 T0 = 1_700_000_000.0
@@ -79,12 +79,13 @@ def stored(tmp_path_factory):
     store.close()
 
 
-def _live(rows) -> dict:
+def _live(rows, spread: bool = False) -> dict:
     clock = Clock(T0)
     live = LiveWindow(SLOS, window_s=WINDOW, clock=clock)
     samples = [_live_sample(r) for r in rows]
     clock.t = T0 + 70
-    for i in range(0, len(samples), 16):        # as batches
+    for i in range(0, len(samples), 16):        # as batches (spread: one every 0.7 s)
+        clock.t = T0 + 70 + (0.7 * i / 16 if spread else 0.0)
         live.add(samples[i:i + 16])
     clock.t = T0 + WINDOW
     return live.figures()
@@ -101,9 +102,12 @@ def _same(a, b) -> bool:
     return a == pytest.approx(b, rel=1e-9, abs=1e-9)
 
 
-def test_live_figures_agree_with_stage_summary(stored):
+@pytest.mark.parametrize("spread", [False, True], ids=["one_second", "over_seconds"])
+def test_live_figures_agree_with_stage_summary(stored, spread):
+    """The live window (its in-memory DuckDB, the views' macros) and stage_summary over the
+    same requests give the same figures, whether the batches came in one second or several."""
     con, rows = stored
-    live = _live(rows)
+    live = _live(rows, spread)
     cur = con.execute("SELECT * FROM stage_summary WHERE run_id = 'r' ORDER BY class_name")
     names = [d[0] for d in cur.description]
     sql = {r["class_name"]: r for r in (dict(zip(names, row)) for row in cur.fetchall())}
@@ -170,7 +174,7 @@ def _both_verdicts(tmp_path, shapes: dict) -> tuple[dict, dict, dict]:
     store.append_rows("stages", [StageRow("h", 0, "manual", 1.0, T0, T0, T0, T0 + 10, T0 + 10)])
     clock = Clock(T0)
     live = LiveWindow({}, clock=clock)
-    live.stage = lambda: {"stage": 0}
+    live.stage = lambda: StageMessage(0)
     rows = []
     for i in range(6):
         clock.t = T0 + 1 + i
@@ -223,19 +227,35 @@ def test_saturation_rule_at_its_limits(tmp_path):
         == [(True, "generator"), (False, "host")]
 
 
-def test_live_sketch_buckets_are_the_stores(stored):
-    """live_stats buckets a gap and reads a bucket back as the store's SQL (store/db.py's
-    bucket expression, the views' servelab_sketch_value) does, at the edges too."""
+def test_the_live_database_has_the_views_own_macros(stored):
+    """The live window's per-request definitions (TPOT, slo_met, chunk weight, a sketch bucket's
+    value) are the macros the installed views use, read from the same analysis files."""
     con, _ = stored
-    values = [0.0, 1e-7, 3e-4, 0.5, 1.0, 20.0, 7.5e6, -5.0, -1e-3,
-              *(SKETCH_GAMMA ** k for k in (-300, -7, 1, 2, 50, 400))]
-    (sql_bins,) = con.execute(f"SELECT list_transform(?::DOUBLE[], v -> {_bucket('v')})",
-                              [values]).fetchone()
-    live_bins = sketch_bins(np.array(values))
-    assert live_bins.tolist() == sql_bins
-    (sql_values,) = con.execute("SELECT list_transform(?::INTEGER[], b -> "
-                                "servelab_sketch_value(b))", [sql_bins]).fetchone()
-    assert bin_values(live_bins).tolist() == pytest.approx(sql_values, rel=1e-12)
+    live = LiveDb(SLOS).con
+    sql = "SELECT macro_definition FROM duckdb_functions() WHERE function_name = ?"
+    for name in MACROS:
+        assert live.execute(sql, [name]).fetchall() == con.execute(sql, [name]).fetchall() != []
+    live.close()
+
+
+def test_the_figures_are_computed_off_the_calling_thread(stored, monkeypatch):
+    """The SQL runs on gevent's threadpool: the event loop that reads the streams only hands
+    it the batches' columns (and waits in the hub, where the other greenlets run)."""
+    import threading
+
+    from servelab.loadgen.master import live_stats
+
+    _, rows = stored
+    seen = []
+    real = live_stats.LiveDb.figures
+
+    def spy(self, lo, hi, span_s):
+        seen.append(threading.get_ident())
+        return real(self, lo, hi, span_s)
+
+    monkeypatch.setattr(live_stats.LiveDb, "figures", spy)
+    assert _live(rows)["requests"] > 100
+    assert seen and threading.get_ident() not in seen
 
 
 def test_series_is_bounded_and_json_clean():

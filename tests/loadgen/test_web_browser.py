@@ -16,7 +16,7 @@ import duckdb
 import pytest
 
 from browser import chromium, page_on, screenshot
-from loadgen_helpers import ROOT, _env, dicts, sim, wait_for
+from loadgen_helpers import PROFILES, ROOT, _env, dicts, sim, wait_for
 from servelab.core import procs
 from servelab.profiles.durations import format_duration
 from servelab.profiles.loader import load_profile
@@ -28,23 +28,8 @@ README_PROFILE = "traffic_profiles/chat.yaml"
 WARMUP_S = 2.0         # the form's "Manual Warmup", so a level is measured soon after it is reached
 MEASURE_S = 4.0        # how long each hand-set level is held once its window opens
 UI_TIMEOUT_MS = 20_000
-# Short replies: a closed-loop user's gap between two requests is a small share of its time, so
-# the server's running count sits at the level (chat.yaml's ~250-token replies do the same,
-# slower).
-SHORT_PLAN = """\
-name: ui_plan
-description: Two short concurrency levels for the web UI test.
-endpoint: chat
-model: auto
-seed: 3
-classes:
-  - name: chat
-    prompt_tokens: {kind: uniform, min: 20, max: 60}
-    output_tokens: {kind: uniform, min: 20, max: 40}
-    slo: {ttft_ms: 2000, tpot_ms: 100}
-load:
-  concurrency: {levels: [2, 3], warmup: 1s, hold: 2s}
-"""
+# Two short concurrency levels (profiles/ui_plan.yaml says why its replies are short).
+SHORT_PLAN = PROFILES / "ui_plan.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -268,7 +253,7 @@ def test_manual_ramp_4_8_16_through_the_ui(tmp_path, sim_url, browser):
 
 def test_plan_mode_shows_the_plan_and_follows_it(tmp_path, sim_url, browser):
     profile = tmp_path / "ui_plan.yaml"
-    profile.write_text(SHORT_PLAN)
+    profile.write_text(SHORT_PLAN.read_text())
     plan = RequestPlanner(load_profile(profile)).stages()
     with locust_ui(tmp_path, sim_url, str(profile)) as (base, db), \
             page_on(browser, base + "/", tmp_path / "browser.log") as page:
@@ -292,7 +277,7 @@ def test_plan_mode_shows_the_plan_and_follows_it(tmp_path, sim_url, browser):
 
 def test_bad_profile_and_unreachable_target_are_shown_in_the_form(tmp_path, sim_url, browser):
     profile = tmp_path / "ui_plan.yaml"
-    profile.write_text(SHORT_PLAN)
+    profile.write_text(SHORT_PLAN.read_text())
     missing = tmp_path / "no_such_profile.yaml"
     dead = f"http://127.0.0.1:{procs.free_port()}"
     with locust_ui(tmp_path, sim_url, str(profile)) as (base, db), \

@@ -11,34 +11,7 @@ import pytest
 
 from .conftest import REPO
 
-MEASURED = """name: demo_tiny
-description: Which variant leads at 2 and 6 users? Two very short levels for the demo test.
-endpoint: chat
-model: auto
-seed: 5
-classes:
-  - name: chat
-    prompt_tokens: {kind: uniform, min: 64, max: 128}
-    output_tokens: {kind: uniform, min: 8, max: 16}
-    slo: {ttft_ms: 2000, tpot_ms: 100}
-load:
-  concurrency: {levels: [2, 6], warmup: 0.5s, hold: 1.5s}
-"""
-
-# A tight TTFT SLO so that the heavy level misses it in virtual time: the answer must name it.
-PREDICTED = """name: sweep_tiny
-description: Where does each variant's SLO frontier lie, in virtual time? The demo test's sweep.
-endpoint: chat
-model: auto
-seed: 9
-classes:
-  - name: chat
-    prompt_tokens: {kind: normal, mean: 512, stdev: 64, min: 256, max: 768}
-    output_tokens: {kind: normal, mean: 48, stdev: 8, min: 16, max: 96}
-    slo: {ttft_ms: 150, tpot_ms: 100}
-load:
-  concurrency: {levels: [2, 16, 128], warmup: 1s, hold: 6s}
-"""
+DATA = REPO / "tests" / "orchestration" / "data"   # the demo's two small profiles
 
 
 @pytest.fixture(scope="module")
@@ -49,15 +22,13 @@ def demo(tmp_path_factory):
     from servelab.cli import main
 
     base = tmp_path_factory.mktemp("demo")
-    (base / "measured.yaml").write_text(MEASURED)
-    (base / "predicted.yaml").write_text(PREDICTED)
     db, out = base / "demo.duckdb", base / "out"
     buf = io.StringIO()
     with redirect_stdout(buf):
         code = main(["demo", "--skip-profiles", "--variants", "bf16,gptq_int4", "--db", str(db),
-                     "--out", str(out), "--measured-profile", str(base / "measured.yaml"),
-                     "--predicted-profile", str(base / "predicted.yaml"),
-                     "--fidelity", str(REPO / "tests/orchestration/data/fidelity_tiny.jsonl")])
+                     "--out", str(out), "--measured-profile", str(DATA / "demo_measured.yaml"),
+                     "--predicted-profile", str(DATA / "demo_predicted.yaml"),
+                     "--fidelity", str(DATA / "fidelity_tiny.jsonl")])
     return code, buf.getvalue(), db, out
 
 

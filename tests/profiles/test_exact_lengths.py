@@ -19,30 +19,12 @@ from servelab.profiles.planner import RequestPlanner
 from servelab.profiles.prompts import PromptBuilder
 from servelab.profiles.tokens import TokenizerCounter
 
+from .conftest import EXACT_PROFILE
+
 # Qwen2's tokenizer.json pre-tokenizer (the regex of Qwen2.5's tokenizer, and of the tokenizer the
 # device kit trained for the captured runs: servers/captured/README.md).
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
                r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-PROFILE = """name: exact
-description: fixed and varied lengths, shared prefixes
-endpoint: {endpoint}
-model: auto
-seed: 11
-classes:
-  - name: fixed
-    prompt_tokens: {{kind: fixed, value: 1024}}
-    output_tokens: {{kind: fixed, value: 2}}
-  - name: varied
-    prompt_tokens: {{kind: uniform, min: 40, max: 1500}}  # above template + tag
-    output_tokens: {{kind: fixed, value: 2}}
-  - name: shared
-    prefix_tokens: 200
-    prefix_groups: 3
-    prompt_tokens: {{kind: uniform, min: 30, max: 400}}  # above prefix + tag: reachable
-    output_tokens: {{kind: fixed, value: 2}}
-load:
-  concurrency: {{levels: [64], warmup: 0s, hold: {hold}}}
-"""
 
 
 def qwen_style_tokenizer(path: Path) -> Path:
@@ -71,7 +53,7 @@ def test_piece_sums_equal_whole_counts_with_a_qwen_style_tokenizer(tmp_path, end
     counter = RoundTripCounter(qwen_style_tokenizer(tmp_path / "tokenizer.json"))
     assert counter._tok.encode("Request ab12:\n", add_special_tokens=False).tokens[-1] == ":Ċ"
     path = tmp_path / "p.yaml"
-    path.write_text(PROFILE.format(endpoint=endpoint, hold="5s"))
+    path.write_text(EXACT_PROFILE.format(endpoint=endpoint, hold="5s"))
     profile = load_profile(path)
     builder = PromptBuilder(profile, counter, salt="a1b2c3")
     builder._verify_left = 0  # the piece sums alone, no whole-prompt safety net
@@ -104,7 +86,7 @@ def test_a_real_run_against_the_simulator_is_exact(tmp_path, monkeypatch, endpoi
     from servelab.orchestration.runner import RunOptions, run_profile
 
     path = tmp_path / "p.yaml"
-    path.write_text(PROFILE.format(endpoint=endpoint, hold=hold))
+    path.write_text(EXACT_PROFILE.format(endpoint=endpoint, hold=hold))
     # A small model: the simulated prefill is the run's limit, and lengths do not depend on it.
     variant = tmp_path / "small.yaml"
     variant.write_text("name: small\nmodel: Qwen/Qwen2.5-0.5B-Instruct\ndescription: fast prefill\n"

@@ -20,7 +20,7 @@ from servelab.profiles.planner import RequestPlanner
 from servelab.profiles.prompts import PromptBuilder
 from servelab.profiles.tokens import ServerCounter, TokenizerCounter, make_counter
 
-from .conftest import TOKENIZER_JSON
+from .conftest import EXACT_PROFILE, TOKENIZER_JSON
 
 BOS = "<|endoftext|>"
 
@@ -90,24 +90,6 @@ def server():
     srv.stop()
 
 
-PROFILE = """
-name: s
-description: server counting
-endpoint: {endpoint}
-seed: 3
-classes:
-  - name: rag
-    prefix_tokens: 200
-    prefix_groups: 2
-    prompt_tokens: {{kind: uniform, min: 30, max: 300}}
-    output_tokens: 8
-  - name: plain
-    text: kjv
-    prompt_tokens: {{kind: uniform, min: 40, max: 900}}
-    output_tokens: 8
-load:
-  concurrency: {{levels: [1], hold: 5}}
-"""
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
@@ -115,7 +97,7 @@ def test_prompts_are_exact_by_the_servers_count(server, write_profile, endpoint)
     srv, url = server
     counter = make_counter(url, "auto")       # auto: the first id of GET /v1/models
     assert isinstance(counter, ServerCounter) and counter.model == "tiny-test-model"
-    profile = load_profile(write_profile(PROFILE.format(endpoint=endpoint)))
+    profile = load_profile(write_profile(EXACT_PROFILE.format(endpoint=endpoint, hold="5s")))
     reqs = list(itertools.islice(RequestPlanner(profile).requests(), 40))
     builder = PromptBuilder(profile, counter, salt="5e4e4e")
     built = [builder.build(r) for r in reqs]

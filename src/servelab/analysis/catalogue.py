@@ -100,14 +100,15 @@ ENERGY_METRICS = [
            "gpu_stage_energy"),
     Metric("output_tokens_per_joule", "output tokens per joule", "tok/J", "tokens/J", "higher", 2,
            "gpu_stage_energy"),
-    *[Metric(name, label, header, unit, None, digits, "gpu_stage_energy")
-      for name, label, header, unit, digits in [
-          ("power_mean_w", "GPU power (mean, all GPUs)", "power", "W", 0),
-          ("energy_j", "GPU energy in the window", "energy", "J", 0),
-          ("util_mean_pct", "GPU utilisation (mean)", "GPU util", "%", 0),
-          ("sm_clock_mean_mhz", "SM clock (mean)", "SM clock", "MHz", 0),
-          ("mem_used_max_mib", "GPU memory used (max)", "mem max", "MiB", 0),
-          ("temp_max_c", "GPU temperature (max)", "temp max", "C", 0)]],
+    # GPU samples without decimals: at their sizes (hundreds of W, MHz, MiB) a decimal is noise.
+    *[Metric(name, label, header, unit, None, 0, "gpu_stage_energy")
+      for name, label, header, unit in [
+          ("power_mean_w", "GPU power (mean, all GPUs)", "power", "W"),
+          ("energy_j", "GPU energy in the window", "energy", "J"),
+          ("util_mean_pct", "GPU utilisation (mean)", "GPU util", "%"),
+          ("sm_clock_mean_mhz", "SM clock (mean)", "SM clock", "MHz"),
+          ("mem_used_max_mib", "GPU memory used (max)", "mem max", "MiB"),
+          ("temp_max_c", "GPU temperature (max)", "temp max", "C")]],
 ]
 
 METRICS: dict[str, Metric] = {m.name: m for m in STAGE_METRICS + SERVER_METRICS + FRONTIER_METRICS

@@ -18,6 +18,7 @@ from matplotlib.ticker import (FixedLocator, LogLocator, NullFormatter, NullLoca
                                ScalarFormatter)
 
 DPI = 110
+NO_LEVELS = "no stage has a load level with requests"
 
 
 def _finite(v) -> bool:
@@ -35,6 +36,17 @@ def _save(fig, path: Path, tight: bool = True) -> Path:
 def _empty(ax, why: str) -> None:
     ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes, fontsize=9, wrap=True,
             color="#5b6477")
+
+
+def _frame(ax, title: str, ylabel: str, xlabel: str | None = None, empty: str | None = None) -> None:
+    """One panel's title, axis labels and grid; ``empty`` says why the panel has nothing to show."""
+    if empty is not None:
+        _empty(ax, empty)
+    if xlabel is not None:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
 
 
 def _load_axis(ax, levels: set[float], kinds: set[str]) -> str:
@@ -80,12 +92,9 @@ def throughput_vs_load(series: dict[str, list[dict]], path: Path) -> tuple[Path,
         x, y = _series(rows, "goodput")
         good.plot(x, y, marker="x", linestyle=":", color=f"C{i % 10}", alpha=0.7, label=f"{label} goodput")
     scale = _load_axis(ax, levels, kinds)
-    if not levels:
-        _empty(ax, "no stage has a load level with requests")
-    ax.set_ylabel("output tokens/s (solid)")
+    _frame(ax, "Throughput and goodput vs load (measured windows)", "output tokens/s (solid)",
+           empty=None if levels else NO_LEVELS)
     good.set_ylabel("goodput, requests/s meeting every SLO (dotted)")
-    ax.set_title("Throughput and goodput vs load (measured windows)")
-    ax.grid(alpha=0.3)
     handles = ax.get_legend_handles_labels()
     extra = good.get_legend_handles_labels()
     if handles[0]:
@@ -144,13 +153,10 @@ def attainment_vs_load(series: dict[str, list[dict]], path: Path, target: float)
         x, y = _series(rows, "slo_attainment")
         ax.plot(x, [100 * v for v in y], marker="o", color=f"C{i % 10}", label=label)
     scale = _load_axis(ax, levels, kinds)
-    if not levels:
-        _empty(ax, "no stage has a load level with requests")
+    _frame(ax, "SLO attainment vs load", "SLO attainment (% of requests meeting every SLO)",
+           empty=None if levels else NO_LEVELS)
     ax.axhline(100 * target, color="red", linewidth=1, linestyle=":", label=f"target {target:.0%}")
     ax.set_ylim(-3, 103)
-    ax.set_ylabel("SLO attainment (% of requests meeting every SLO)")
-    ax.set_title("SLO attainment vs load")
-    ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower left")
     return _save(fig, path), {"xscale": scale, "series": len(series)}
 
@@ -177,12 +183,10 @@ def pareto(series: dict[str, list[dict]], path: Path) -> tuple[Path, dict]:
     if len(frontier) > 1:
         ax.plot([p[0] for p in frontier], [p[1] for p in frontier], color="grey", linewidth=3, alpha=0.3,
                 label="Pareto frontier")
-    if not points:
-        _empty(ax, "no stage has both tokens/s per user (needs TPOT) and per GPU (needs runs.gpus)")
-    ax.set_xlabel("output tokens/s per user (1000 / mean TPOT)")
-    ax.set_ylabel("output tokens/s per GPU")
-    ax.set_title("Latency-throughput trade-off (labels: load level)")
-    ax.grid(alpha=0.3)
+    _frame(ax, "Latency-throughput trade-off (labels: load level)", "output tokens/s per GPU",
+           xlabel="output tokens/s per user (1000 / mean TPOT)",
+           empty=None if points else "no stage has both tokens/s per user (needs TPOT) and per GPU "
+           "(needs runs.gpus)")
     if points:
         ax.legend(fontsize=8)
     return _save(fig, path), {"series": len({p for p in series if series[p]}), "points": len(points)}

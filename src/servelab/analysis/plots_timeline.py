@@ -86,24 +86,24 @@ def _engine(a, engine) -> None:
         x, y = _xs(engine, key)
         a.plot(x, y, label=label)
     a.set_ylabel("tokens/s")
-    x, y = _xs(engine, "power_w")
-    if x:
-        twin = a.twinx()
-        twin.plot(x, y, ":", color="C3", label="GPU power W")
-        twin.set_ylabel("W")
-        twin.legend(fontsize=7, loc="upper left")
+    _twin_line(a, *_xs(engine, "power_w"), "C3", "GPU power W", "W")
 
 
 def _generator_health(a, client) -> None:
     x, y = _xs(client, "cpu_percent_max")
     a.plot(x, y, color="C5", label="generator CPU % (worst worker)")
-    x, y = _xs(client, "loop_lag_max_ms")
+    _twin_line(a, *_xs(client, "loop_lag_max_ms"), "C6", "event-loop lag ms (worst worker)", "lag ms")
+    a.set_ylabel("CPU %")
+
+
+def _twin_line(a, x, y, color: str, label: str, ylabel: str) -> None:
+    """A second quantity on its own right-hand axis (dotted), its legend apart from the panel's;
+    nothing when it has no samples."""
     if x:
         twin = a.twinx()
-        twin.plot(x, y, ":", color="C6", label="event-loop lag ms (worst worker)")
-        twin.set_ylabel("lag ms")
+        twin.plot(x, y, ":", color=color, label=label)
+        twin.set_ylabel(ylabel)
         twin.legend(fontsize=7, loc="upper left")
-    a.set_ylabel("CPU %")
 
 
 def _mark_stages(axes, stages, started_unix: float) -> None:

@@ -27,9 +27,6 @@ import logging
 import time
 from dataclasses import replace
 
-import gevent
-
-from servelab.core.timeouts import OPEN_LEAD_S, SPAWN_RATE_CAP
 from servelab.loadgen.search_reads import health_until, read_probe, settled_workers
 from servelab.loadgen.search_rules import KIND, STOPS, Bisection, stage_index, start_position
 
@@ -95,7 +92,7 @@ class SearchProbes:
             # those requests belong to no window, their stage's or the next one's.
             self.ended = cutoff
             if d.current is not None:
-                d.collector.stage_end(d.current["stage"], cutoff)
+                d.collector.stage_end(d.current.stage, cutoff)
         settled = self._settled(self.ended, now)   # both asked every tick: they overlap
         if not (self._health_stored(now) and settled):
             return d.value
@@ -119,7 +116,7 @@ class SearchProbes:
         d = self.d
         d.finished = True
         if d.current is not None:
-            d.collector.stage_end(d.current["stage"], time.time())
+            d.collector.stage_end(d.current.stage, time.time())
         d.collector.drain_and_finish("failed")
         return None
 
@@ -139,51 +136,25 @@ class SearchProbes:
 
     def _begin_closed(self, now: float, plan):
         # As StageDriver._tick_closed begins a concurrency stage, with the stage's kind 'search'.
-        d = self.d
-        if d._monitor is not None:
-            d._monitor.kill(block=False)
-        stage = {"stage": plan.index, "kind": KIND, "level": plan.level, "users": plan.users,
-                 "started_unix": now, "reached_unix": None, "measure_start_unix": None,
-                 "measure_end_unix": None, "ended_unix": None}
-        d.current = stage
-        d.collector.stage_begin(stage)
-        d._monitor = gevent.spawn(d._watch_reached, dict(stage), plan)
-        workers = max(1, d.collector.worker_count)
-        rate = plan.spawn_rate or max(1.0, min(float(plan.users or 1), SPAWN_RATE_CAP * workers))
-        d.value = (plan.users or 0, rate, [d.closed_user])
-        return d.value
+        self.d.begin_closed(plan, KIND, now)
+        return self.d.value
 
     def _begin_open(self, now: float, plan):
-        d = self.d
-        t = now + OPEN_LEAD_S
-        st = {"stage": plan.index, "kind": KIND, "level": plan.level, "start_unix": t,
-              "end_unix": t + plan.duration_s, "started_unix": t, "reached_unix": t,
-              "measure_start_unix": t + plan.warmup_s, "measure_end_unix": t + plan.duration_s,
-              "ended_unix": None, "max_in_flight": plan.max_in_flight}
-        d.collector.announce_open_stages([dict(st)])
-        d._open.append(st)
-        workers = max(1, d.collector.worker_count)
-        d.value = (workers, float(workers), [d.open_user])
-        return d.value
+        # Announced alone: the next probe's rate is not known until this one is judged.
+        self.d.announce_open([plan], now, KIND)
+        return self.d.value
 
     def _open_marks(self, now: float) -> None:
         """An open-loop probe's start and end in the stages table, as StageDriver marks them."""
-        if not self.d._open:
-            return
-        st = self.d._open[-1]
-        if st["start_unix"] <= now and not st.get("_begun"):
-            st["_begun"] = True
-            self.d.collector.stage_begin({k: v for k, v in st.items() if not k.startswith("_")})
-        if st["end_unix"] <= now and st.get("_begun") and not st.get("_ended"):
-            st["_ended"] = True
-            self.d.collector.stage_end(st["stage"], st["end_unix"])
+        if self.d._open:
+            self.d.mark_open(self.d._open[-1], now)
 
     def _cutoff(self) -> float | None:
         """When the probe's window ends (None: not known yet, the users are still starting)."""
         if self.d.kind == "rate":
             st = self.d._open[-1]
-            return st["end_unix"] if st.get("_ended") else None
-        return (self.d.current or {}).get("measure_end_unix")
+            return st.end_unix if st.stage in self.d._ended else None
+        return None if self.d.current is None else self.d.current.measure_end_unix
 
     def _settled(self, cutoff: float, now: float) -> bool:
         """Every request sent before ``cutoff`` is stored: each worker either numbered a request

@@ -23,12 +23,20 @@ import time
 import gevent
 from locust import LoadTestShape
 
-from servelab.core.timeouts import OPEN_LEAD_S, REACH_POLL_S, SPAWN_RATE_CAP
+from servelab.core.stage_clock import (
+    OPEN_KINDS,
+    REACH_POLL_S,
+    measured_window,
+    open_schedule,
+    over_at,
+    spawn_rate,
+)
+from servelab.loadgen.messages import StageMessage
 from servelab.store.runs import mismatched
 
 log = logging.getLogger("servelab.loadgen")
-# OPEN_LEAD_S, REACH_POLL_S, SPAWN_RATE_CAP come from core.timeouts, which predict's copy of this
-# driver (sim.engine.virtual_stages) reads too: virtual and real time cannot drift apart.
+# Where a stage lies in time is the stage clock's (core.stage_clock), which predict's copy of
+# this driver (sim.engine.virtual_stages) reads too: virtual and real time cannot drift apart.
 REACH_GRACE_S = 30.0     # a level whose users never all report is timed from here on
 
 
@@ -41,11 +49,13 @@ class StageDriver:
         self.closed_user = closed_user
         self.open_user = open_user
         self.index = -1
-        self.current: dict | None = None
+        self.current: StageMessage | None = None
         self.value = None
         self.finished = False
         self._monitor = None
-        self._open: list[dict] = []
+        self._open: list[StageMessage] = []
+        self._begun: set[int] = set()    # open-loop stages marked begun / ended, by index
+        self._ended: set[int] = set()
         collector.plan_stages = stages
         # Mode "search": the plan's levels probed one stage at a time, each picked from the last
         # one's result (loadgen/search_shape.py), with this driver's stage bookkeeping.
@@ -67,7 +77,7 @@ class StageDriver:
             # so that no worker starts late.
             self.collector.wait_ready()
         now = time.time()
-        if self.kind in ("rate", "trace"):
+        if self.kind in OPEN_KINDS:
             return self._tick_open(now)
         return self._tick_closed(now)
 
@@ -75,84 +85,75 @@ class StageDriver:
     def _tick_closed(self, now: float):
         if self.current is None or self._over(now):
             if self.current is not None:
-                self.collector.stage_end(self.current["stage"], now)
+                self.collector.stage_end(self.current.stage, now)
             self.index += 1
             if self.index >= len(self.stages):
                 return self._finish()
-            plan = self.stages[self.index]
-            stage = {"stage": plan.index, "kind": plan.kind, "level": plan.level,
-                     "users": plan.users, "started_unix": now, "reached_unix": None,
-                     "measure_start_unix": None, "measure_end_unix": None,
-                     "ended_unix": None}
-            if plan.kind == "ramp":
-                stage["measure_start_unix"] = now + plan.warmup_s
-                stage["measure_end_unix"] = now + plan.duration_s
-            self.current = stage
-            self.collector.stage_begin(stage)
-            self._monitor = gevent.spawn(self._watch_reached, dict(stage), plan)
-            workers = max(1, self.collector.worker_count)
-            rate = plan.spawn_rate or max(1.0, min(float(plan.users or 1), SPAWN_RATE_CAP * workers))
-            self.value = (plan.users or 0, rate, [self.closed_user])
+            self.begin_closed(self.stages[self.index], self.stages[self.index].kind, now)
         return self.value
+
+    def begin_closed(self, plan, kind: str, now: float) -> None:
+        """A closed-loop stage asked for now: recorded, watched until reached, users set."""
+        if self._monitor is not None:
+            self._monitor.kill(block=False)
+        self.current = StageMessage.closed(plan, kind, now)
+        self.collector.stage_begin(self.current)
+        self._monitor = gevent.spawn(self._watch_reached, self.current, plan)
+        rate = spawn_rate(plan, self.collector.worker_count)
+        self.value = (plan.users or 0, rate, [self.closed_user])
 
     def _over(self, now: float) -> bool:
         st = self.current
-        plan = self.stages[self.index]
-        if plan.kind == "ramp":
-            return now >= st["started_unix"] + plan.duration_s
-        if st["measure_end_unix"] is None:
-            return False
-        return now >= st["measure_end_unix"]
+        over = over_at(self.stages[self.index], st.started_unix, st.measure_end_unix)
+        return over is not None and now >= over
 
-    def _watch_reached(self, stage: dict, plan) -> None:
+    def _watch_reached(self, stage: StageMessage, plan) -> None:
         target = plan.users or 0
         rate = plan.spawn_rate or float("inf")
-        give_up = stage["started_unix"] + target / rate + REACH_GRACE_S \
-            if rate != float("inf") else stage["started_unix"] + REACH_GRACE_S
+        give_up = stage.started_unix + target / rate + REACH_GRACE_S \
+            if rate != float("inf") else stage.started_unix + REACH_GRACE_S
         while self.runner.user_count != target:
             if time.time() > give_up:
                 log.warning("servelab: stage %d: %s of %d users reported after %.0f s; timing "
                             "the level from now", plan.index, self.runner.user_count, target,
-                            time.time() - stage["started_unix"])
+                            time.time() - stage.started_unix)
                 break
             gevent.sleep(REACH_POLL_S)
-        if self.current is None or self.current["stage"] != stage["stage"]:
+        if self.current is None or self.current.stage != stage.stage:
             return
         reached = time.time()
-        self.current = dict(self.current, reached_unix=reached)
-        if plan.kind == "concurrency":
-            self.current["measure_start_unix"] = reached + plan.warmup_s
-            self.current["measure_end_unix"] = reached + plan.warmup_s + plan.hold_s
+        start, end = measured_window(plan, stage.started_unix, reached)
+        self.current = self.current.with_(reached_unix=reached, measure_start_unix=start,
+                                          measure_end_unix=end)
         self.collector.stage_begin(self.current)
 
     # ---- open loop ------------------------------------------------------------------------
     def _tick_open(self, now: float):
         if not self._open:
-            t = now + OPEN_LEAD_S
-            for plan in self.stages:
-                span = plan.duration_s
-                if plan.kind == "trace":
-                    span += 0.001  # the last trace arrival falls on the span itself
-                self._open.append({
-                    "stage": plan.index, "kind": plan.kind, "level": plan.level,
-                    "start_unix": t, "end_unix": t + span, "started_unix": t,
-                    "reached_unix": t, "measure_start_unix": t + plan.warmup_s,
-                    "measure_end_unix": t + span, "ended_unix": None,
-                    "max_in_flight": plan.max_in_flight})
-                t += span
-            self.collector.announce_open_stages(self._open)
-            workers = max(1, self.collector.worker_count)
-            self.value = (workers, float(workers), [self.open_user])
+            self.announce_open(self.stages, now)
         for st in self._open:
-            if st["start_unix"] <= now and st.get("_begun") is None:
-                st["_begun"] = True
-                self.collector.stage_begin({k: v for k, v in st.items() if k != "_begun"})
-            if st["end_unix"] <= now and st.get("_ended") is None and st.get("_begun"):
-                st["_ended"] = True
-                self.collector.stage_end(st["stage"], st["end_unix"])
-        if now >= self._open[-1]["end_unix"]:
+            self.mark_open(st, now)
+        if now >= self._open[-1].end_unix:
             return self._finish()
         return self.value
+
+    def announce_open(self, plans: list, now: float, kind: str | None = None) -> None:
+        """Open-loop stages placed by the stage clock from now, sent to the workers up front."""
+        announced = [StageMessage.scheduled(p, t, kind)
+                     for p, t in zip(plans, open_schedule(plans, now))]
+        self.collector.announce_open_stages(announced)
+        self._open.extend(announced)
+        workers = max(1, self.collector.worker_count)
+        self.value = (workers, float(workers), [self.open_user])
+
+    def mark_open(self, st: StageMessage, now: float) -> None:
+        """An open-loop stage's start and end in the stages table, once each, when due."""
+        if st.start_unix <= now and st.stage not in self._begun:
+            self._begun.add(st.stage)
+            self.collector.stage_begin(st)
+        if st.end_unix <= now and st.stage in self._begun and st.stage not in self._ended:
+            self._ended.add(st.stage)
+            self.collector.stage_end(st.stage, st.end_unix)
 
     # ---- the end --------------------------------------------------------------------------
     def _finish(self):
@@ -170,18 +171,17 @@ class StageDriver:
             self._monitor.kill(block=False)
         cur = self.current
         if cur is not None and not self.finished:
-            if cur.get("measure_end_unix") is not None and cur["measure_end_unix"] > now:
-                self.collector.stage_begin(dict(cur, measure_end_unix=max(
-                    now, cur["measure_start_unix"])))
-            self.collector.stage_end(cur["stage"], now)
+            if cur.measure_end_unix is not None and cur.measure_end_unix > now:
+                self.collector.stage_begin(cur.with_(measure_end_unix=max(
+                    now, cur.measure_start_unix)))
+            self.collector.stage_end(cur.stage, now)
         for st in self._open:
-            if st.get("_begun") and not st.get("_ended"):
-                st["_ended"] = True
-                if st["measure_end_unix"] > now:
-                    self.collector.stage_begin(dict(
-                        {k: v for k, v in st.items() if not k.startswith("_")},
-                        measure_end_unix=max(now, st["measure_start_unix"])))
-                self.collector.stage_end(st["stage"], min(now, st["end_unix"]))
+            if st.stage in self._begun and st.stage not in self._ended:
+                self._ended.add(st.stage)
+                if st.measure_end_unix > now:
+                    self.collector.stage_begin(st.with_(
+                        measure_end_unix=max(now, st.measure_start_unix)))
+                self.collector.stage_end(st.stage, min(now, st.end_unix))
 
 
 class ManualStages:
@@ -204,7 +204,7 @@ class ManualStages:
         self.closed_user = closed_user
         self.index = -1
         self.asked: int | None = None
-        self.current: dict | None = None
+        self.current: StageMessage | None = None
         self.value = None
         self.started: float | None = None
         self.finished = False
@@ -240,9 +240,7 @@ class ManualStages:
         self._close(now)
         self.asked = users
         self.index += 1
-        self.current = {"stage": self.index, "kind": "manual", "level": float(users),
-                        "users": users, "started_unix": now, "reached_unix": None,
-                        "measure_start_unix": None, "measure_end_unix": None, "ended_unix": None}
+        self.current = StageMessage(self.index, "manual", float(users), users, now)
         self._samples = {}
         self.collector.stage_begin(self.current)
         self._monitor = gevent.spawn(self._watch_reached, self.index, users, now)
@@ -266,39 +264,40 @@ class ManualStages:
                 break
             gevent.sleep(REACH_POLL_S)
         cur = self.current
-        if cur is None or cur["stage"] != index:
+        if cur is None or cur.stage != index:
             return
         reached = time.time()
-        self.current = dict(cur, reached_unix=reached, level=float(self.running()),
-                            measure_start_unix=reached + self.warmup_s)
+        # No plan: the window is open-ended, from the warm-up's end to the next change or stop.
+        self.current = cur.with_(reached_unix=reached, level=float(self.running()),
+                                 measure_start_unix=reached + self.warmup_s)
         self.collector.stage_begin(self.current)
 
     def observe(self, worker: str, t_unix: float, in_flight) -> None:
         """One health sample of a worker (the master reads the last one of each batch)."""
         cur = self.current
-        if cur is None or in_flight is None or cur.get("measure_start_unix") is None or \
-                t_unix < cur["measure_start_unix"]:
+        if cur is None or in_flight is None or cur.measure_start_unix is None or \
+                t_unix < cur.measure_start_unix:
             return
         self._samples.setdefault(worker, []).append(int(in_flight))
         verdict = self.check()
-        if verdict["mismatch"] and self._warned != cur["stage"]:
-            self._warned = cur["stage"]
+        if verdict["mismatch"] and self._warned != cur.stage:
+            self._warned = cur.stage
             log.warning("servelab: manual stage %d: level %g users but %g requests in flight",
-                        cur["stage"], verdict["level"], verdict["in_flight"])
+                        cur.stage, verdict["level"], verdict["in_flight"])
 
     def check(self) -> dict:
         """The current stage's level against the generator's in-flight count: the sum over
         workers of each one's median sample in the measured window (workers sample on their own
         clocks, so per-second sums would mix phases). Same rule as ``store.runs`` at the end."""
-        cur = self.current or {}
+        cur = self.current
         in_flight = None
         if self._samples:
             in_flight = float(sum(statistics.median(v) for v in self._samples.values()))
-        level = cur.get("level")
-        return {"stage": cur.get("stage"), "level": level, "in_flight": in_flight,
-                "samples": sum(len(v) for v in self._samples.values()),
-                "measuring": cur.get("measure_start_unix") is not None and
-                time.time() >= cur["measure_start_unix"],
+        level = None if cur is None else cur.level
+        start = None if cur is None else cur.measure_start_unix
+        return {"stage": None if cur is None else cur.stage, "level": level,
+                "in_flight": in_flight, "samples": sum(len(v) for v in self._samples.values()),
+                "measuring": start is not None and time.time() >= start,
                 "mismatch": mismatched(level, in_flight, self.idles)}
 
     def _close(self, now: float) -> None:
@@ -307,11 +306,11 @@ class ManualStages:
         cur = self.current
         if cur is None:
             return
-        start = cur.get("measure_start_unix")
+        start = cur.measure_start_unix
         if start is not None:
             # Still in its warm-up: an empty window, not one that reaches back before it.
-            self.collector.stage_begin(dict(cur, measure_end_unix=max(now, start)))
-        self.collector.stage_end(cur["stage"], now)
+            self.collector.stage_begin(cur.with_(measure_end_unix=max(now, start)))
+        self.collector.stage_end(cur.stage, now)
         self.current = None
 
     def stop(self) -> None:

@@ -26,8 +26,9 @@ import numpy as np
 from servelab.core.errors import ServelabError
 from servelab.orchestration.calibrate_probes import Measured, ProbeClient, probe_set
 from servelab.sim.engine.cost_model import priced
-from servelab.specs.cost_calibration import (CALIBRATION_FORMAT, MECHANISMS, CostParams,
-                                             applies_to, calibration_dir)
+from servelab.specs.cost_calibration import (CALIBRATION_FORMAT, MECHANISMS, OPTIONAL_PARAMS,
+                                             CostParams, applies_to, calibration_dir,
+                                             find_calibration)
 
 # What the probes can separate; the rest keep their defaults (docs/simulator.md says why).
 FITTED = ("eta_bw", "eta_compute", "eta_attn", "t_cpu_s", "t_seq_s")
@@ -227,6 +228,7 @@ def calibrate(variant, hardware: str, target: str, out: Path | None = None,
     theta = fit(config, [ms[i] for i in on_time], [replays[i] for i in on_time])
     rows = residual_rows(config, ms, replays, theta)
     doc = _calibration_doc(variant, config, target, client, theta, rows, len(on_time), probe_s)
+    carry_recorded_terms(doc, config)
     acc = acceptance(ms)
     if config.speculative is not None and acc:
         doc["spec_decode"] = {"method": config.speculative.method, "acceptance": acc}
@@ -240,6 +242,21 @@ def calibrate(variant, hardware: str, target: str, out: Path | None = None,
         f"{doc['fit']['rms_error']:.1%}, max {doc['fit']['max_abs_error']:.1%} over "
         f"{doc['fit']['totals']} totals; {probe_s:.1f} s of probes")
     return path
+
+
+def carry_recorded_terms(doc: dict, config) -> None:
+    """Keep what probes cannot measure: the calibration in force for this scope may price the
+    host side of a step, the idle engine's fixed cost and the API server's CPU from a run
+    recorded under load (its ``recorded_run``); a new probe fit keeps those coefficients, each
+    with its mechanism, and names the file they came from."""
+    old = find_calibration(config)
+    if old is None:
+        return
+    kept = {k: getattr(old.params, k) for k in sorted(OPTIONAL_PARAMS) if getattr(old.params, k)}
+    if kept:
+        doc["params"].update(kept)
+        doc["mechanisms"].update({k: MECHANISMS[k] for k in kept})
+        doc["recorded_run"] = {"kept_from": old.path.name, "kept": list(kept)}
 
 
 def _measure(config, client: ProbeClient, probes, repeat: int, say) -> tuple[list, list]:

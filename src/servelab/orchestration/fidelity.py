@@ -10,7 +10,6 @@ aggregates them per comparison and candidate.
 from __future__ import annotations
 
 import difflib
-import json
 import logging
 import time
 import uuid
@@ -18,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.core import credentials
+from servelab.core import credentials, jsonlines
 from servelab.core.errors import ServelabError
 from servelab.core.paths import project_root
 from servelab.core.timeouts import HTTP_PROBE_S, REQUEST, SERVER_STARTUP_S
@@ -67,14 +66,9 @@ def load_prompts(path: str | Path | None = None) -> list[Prompt]:
         raise ServelabError(f"{path}: no such prompts file (JSONL: one object per line with "
                             f"id, prompt and optionally category, max_tokens)")
     prompts, seen = [], set()
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
+    for number, item in jsonlines.numbered(path.read_text(encoding="utf-8"), ServelabError,
+                                           f"{path}:"):
         where = f"{path}:{number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ServelabError(f"{where}: not valid JSON ({exc.msg}); one object per line") from None
         if not isinstance(item, dict):
             raise ServelabError(f"{where}: found {type(item).__name__}; allowed an object")
         unknown = set(item) - PROMPT_KEYS

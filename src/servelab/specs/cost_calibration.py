@@ -43,9 +43,10 @@ class CostParams:
     t_host_s: float = 0.0
     t_host_seq_s: float = 0.0       # per request in the step
     t_eager_step_s: float = 0.0     # a step over the largest CUDA graph (512 tokens) launches eagerly
+    t_idle_step_s: float = 0.0      # a step that starts on an idle engine: the busy loop's wake-up
     # The API server (``sim.engine.frontend``): one CPU for parsing, tokenizing and streaming.
     api_request_s: float = 0.0      # per request (parse, validate, the hop to the engine)
-    api_prompt_token_s: float = 0.0  # per prompt token (tokenizing)
+    api_prompt_token_s: float = 0.0  # per prompt token (tokenizing and the Python around it)
     api_chunk_s: float = 0.0        # per streamed chunk (detokenize, SSE, write)
     api_step_s: float = 0.0         # per engine step's outputs (receive, decode)
 
@@ -60,7 +61,7 @@ MECHANISMS = {
     "alpha_ar_custom_s": "tensor_parallel", "alpha_ar_nccl_s": "tensor_parallel",
     "alpha_ar_pcie_s": "tensor_parallel", "act_quant_overhead": "gpu_forward",
     "t_host_s": "async_scheduling_host", "t_host_seq_s": "async_scheduling_host",
-    "t_eager_step_s": "idle_fixed_cost",
+    "t_eager_step_s": "idle_fixed_cost", "t_idle_step_s": "idle_fixed_cost",
     "api_request_s": "api_server_cpu", "api_prompt_token_s": "api_server_cpu",
     "api_chunk_s": "api_server_cpu", "api_step_s": "api_server_cpu",
 }

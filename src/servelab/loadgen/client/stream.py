@@ -108,20 +108,33 @@ class StreamReader:
         framing = self.framing
         if data:
             if framing.at_size and not self.pending:
-                # The usual read: one whole HTTP chunk holding one SSE event, one data line and
-                # its blank line. Its line is cut out of the read itself, without the general
-                # framing's bookkeeping; anything else takes the general path below.
-                eol = data.find(_CRLF)
-                size = data[:eol]
-                try:
-                    # the event's last byte is at end + 1 (no hex: the general path says so)
-                    end = eol + int(size, 16) if 0 < eol < 9 and size.isalnum() else -1
-                except ValueError:
-                    end = -1
-                if end + 4 == len(data) and end > eol + 2 and data.endswith(_EVENT_END, end) \
-                        and data.find(_LF, eol + 2, end) < 0:
+                # The usual read: whole HTTP chunks, each holding one SSE event, one data line
+                # and its blank line. Each line is cut out of the read itself, without the
+                # general framing's bookkeeping; from the first chunk that is anything else
+                # (cut by the read, several lines, the last chunk), the rest of the read takes
+                # the general path below, which finds the framing where these chunks left it.
+                # A read of three events: 3.2-3.4 -> 2.2-2.9 us per chunk; ~19% of events at 256
+                # streams came in such reads (bench/results/tail_20261203).
+                pos, n = 0, len(data)
+                while True:
+                    eol = data.find(_CRLF, pos)
+                    if not 0 < eol - pos < 9:
+                        break
+                    size = data[pos:eol]
+                    try:
+                        # the event's last byte is at end + 1 (no hex: the general path says so)
+                        end = eol + int(size, 16) if size.isalnum() else -1
+                    except ValueError:
+                        break
+                    if end <= eol + 2 or not data.startswith(_EVENT_END, end) \
+                            or data.find(_LF, eol + 2, end) >= 0:
+                        break
                     self.take_line(data[eol + 2:end], t)
-                    return False
+                    pos = end + 4
+                    if pos == n:
+                        return False
+                if pos:
+                    data = data[pos:]
             body = framing.take(data)
             if body:
                 self.take(body, t)

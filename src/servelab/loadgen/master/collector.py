@@ -130,12 +130,12 @@ class Collector:
         return getattr(self.runner, "clients", None) is None
 
     # ---- stages ---------------------------------------------------------------------------
-    def stage_begin(self, stage: dict) -> None:
+    def stage_begin(self, stage: messages.StageMessage) -> None:
         """A stage began, or its description changed (reached, measured window set or cut)."""
         stage, row = self.stages.begin(stage)
         self._write_stage(row)
-        if stage.get("start_unix") is None:  # closed loop: workers stamp rows with it
-            self.runner.send_message(messages.STAGE, stage)
+        if not stage.open_loop:  # closed loop: workers stamp rows with it
+            self.runner.send_message(messages.STAGE, stage.to_message())
 
     def stage_end(self, index: int, t_unix: float) -> None:
         row = self.stages.end(index, t_unix)
@@ -145,8 +145,9 @@ class Collector:
     def _write_stage(self, row) -> None:
         self.writer.call(lambda store: store.append_rows("stages", [row], replace=True))
 
-    def announce_open_stages(self, stages: list[dict]) -> None:
-        self.runner.send_message(messages.OPEN_STAGES, {"run_id": self.run_id, "stages": stages})
+    def announce_open_stages(self, stages: list[messages.StageMessage]) -> None:
+        self.runner.send_message(messages.OPEN_STAGES, {
+            "run_id": self.run_id, "stages": [st.to_message() for st in stages]})
 
     # ---- incoming messages ----------------------------------------------------------------
     def on_rows(self, node_id: str, data: dict) -> None:
@@ -267,13 +268,11 @@ class Collector:
 
     # ---- live status ----------------------------------------------------------------------
     def status(self) -> dict:
-        st = self.stages.current or {}
+        st = self.stages.current
         return {
             "run_id": self.run_id, "pid": os.getpid(), "t_unix": now_unix(),
             "elapsed_s": time.time() - self.record.started_unix,
-            "stage": st.get("stage"), "stages": len(self.plan_stages),
-            "stage_kind": st.get("kind"), "level": st.get("level"),
-            "stage_started_unix": st.get("started_unix"),
+            **status_stage(st), "stages": len(self.plan_stages),
             "users": getattr(self.runner, "user_count", None),
             "produced": self.accounts.produced(), "stored": self.accounts.stored(),
             "errors": self.live.errors, **self.live.headline(),
@@ -285,6 +284,14 @@ class Collector:
     def live_view(self, since: float | None = None) -> dict:
         """The LLM tab's data: ``live.view_of`` (``since``: only the newer series points)."""
         return live.view_of(self, since)
+
+
+def status_stage(st: messages.StageMessage | None) -> dict:
+    """The status file's current-stage keys (orchestration.progress reads them back)."""
+    if st is None:
+        return {"stage": None, "stage_kind": None, "level": None, "stage_started_unix": None}
+    return {"stage": st.stage, "stage_kind": st.kind, "level": st.level,
+            "stage_started_unix": st.started_unix}
 
 
 def _log_end(run_id: str, status: str, flags: list[str], notes: list[str]) -> None:

@@ -1,7 +1,8 @@
 """The master's live window: the figures of the last ten seconds, and a time series of them since
 the run began (one point per ``step_s``, memory bounded), for the web UI's LLM tab, the JSON API,
 the status file and the progress line. The stored rows, not these, are the run's result; the
-arithmetic and its definitions are ``live_stats``'s (the SQL views' own).
+figures are computed by the views' own SQL in an in-memory DuckDB, off the event loop
+(``live_stats``).
 
 Requests count when their batch reaches the master (a worker ships every 0.25 s), so the window
 needs no clock agreement between hosts. Generator health comes from the last health row of each
@@ -14,6 +15,7 @@ queue and prefill times from the server's own spans as the master's receiver get
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 
@@ -21,7 +23,8 @@ import duckdb
 import gevent
 import orjson
 
-from servelab.loadgen.master.live_stats import Bucket, add_samples, figures, quantile
+from servelab.loadgen.messages import StageMessage
+from servelab.loadgen.master.live_stats import WindowStats, quantile
 from servelab.loadgen.master.scraper import server_figures
 from servelab.store.runs import CPU_LIMIT, HEALTH_COLUMNS, LOOP_LAG_LIMIT_MS, judge_medians
 
@@ -31,6 +34,7 @@ log = logging.getLogger("servelab.loadgen")
 BATCHES_KEPT = 1000         # batch numbers remembered per worker (a resend comes after 5 s)
 MAX_POINTS = 1800           # then every other point goes and the step doubles
 MIN_HEALTH_SAMPLES = 3      # one slow second (a spawn burst) is no verdict
+FIGURES_MAX_AGE_S = 1.0     # the status line's and the UI's "now" figures, at most this old
 SERIES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
           "output_tokens_per_s", "requests_per_s", "errors_per_s", "goodput", "slo_attainment")
 HEADLINE = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
@@ -52,14 +56,14 @@ def for_run(collector, profile) -> "LiveWindow":
 
 def view_of(collector, since: float | None = None) -> dict:
     """``Collector.live_view``: the window's view with the run's state, stages and scrape."""
-    stages = [{k: v for k, v in st.items() if k != "version"}
+    stages = [{k: v for k, v in st.to_message().items() if k != "version"}
               for _, st in sorted(collector.stages.by_index.items())]
     if collector.active:
         state = "draining" if collector.draining else "running"
     else:
         state = "finished" if collector.run_id else "idle"
     view = collector.live.view(stages, since, run_id=collector.run_id, state=state,
-                               stage=(collector.stages.current or {}).get("stage"),
+                               stage=_stage_no(collector.stages.current),
                                plan_stages=len(collector.plan_stages))
     if collector.scraper is not None:
         view["server"]["scrape"] = collector.scraper.status
@@ -81,7 +85,10 @@ class LiveWindow:
         self.started_unix = clock()
         self.errors = 0                 # over the whole run (the status file's count)
         self.errors_by_kind: dict[str, int] = {}
-        self._buckets: dict[int, Bucket] = {}
+        self._stats = WindowStats(self.slos)     # the requests, in DuckDB: the views' SQL
+        self._seconds: set[int] = set()          # arrival seconds that hold requests
+        self._added = 0                          # batches added: a cached figure's version
+        self._figures = None                     # (key, computed at, figures) of the last query
         self._batches: dict[str, set] = {}       # worker -> batch numbers seen
         self._next_point = self.started_unix + step_s
         self.series: dict[str, list] = {k: [] for k in ("t_unix", *SERIES, *SERVER_SERIES,
@@ -139,12 +146,10 @@ class LiveWindow:
         if not samples:
             return
         t = self.clock() if t is None else t
-        self.tick(t)
-        key = int(t)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = Bucket()
-        add_samples(bucket, samples, self.slos)
+        self.tick(t)   # a point due before these requests came is drawn without them
+        self._stats.add(samples, t)
+        self._added += 1
+        self._seconds.add(int(t))
         for s in samples:
             if s[1] is not None and s[7] != "dropped":
                 self.errors += 1
@@ -184,8 +189,7 @@ class LiveWindow:
                 "prefill_p99_ms": quantile(prefill, 0.99)}
 
     def _stage_no(self):
-        st = self.stage() if self.stage is not None else None
-        return None if st is None else st.get("stage")
+        return _stage_no(self.stage() if self.stage is not None else None)
 
     # ---- health ---------------------------------------------------------------------------
     def _judge(self) -> None:
@@ -220,20 +224,24 @@ class LiveWindow:
         return sum(latest) if latest else None
 
     # ---- output ---------------------------------------------------------------------------
-    def _window(self, now: float, span: float) -> tuple[list[Bucket], float]:
-        lo = now - span
-        chosen = [b for k, b in self._buckets.items() if k + 1 > lo and k < now]
-        return chosen, max(min(span, now - self.started_unix), 1e-9)
-
-    def figures(self, now: float | None = None) -> dict:
-        """The last window's request figures (a JSON-able dict, None where nothing counted)."""
+    def figures(self, now: float | None = None, max_age_s: float = 0.0) -> dict:
+        """The last window's request figures (a JSON-able dict, None where nothing counted):
+        the requests of every arrival second that overlaps (now - window_s, now). ``max_age_s``:
+        figures computed that recently will do (one DuckDB query a second serves the status
+        line and the UI's polls alike)."""
         now = self.clock() if now is None else now
-        buckets, span = self._window(now, self.window_s)
-        return figures(buckets, span)
+        span = max(min(self.window_s, now - self.started_unix), 1e-9)
+        key = (math.floor(now - self.window_s - 1) + 1, math.ceil(now), span, self._added)
+        cached = self._figures
+        if cached is not None and (cached[0] == key or 0 <= now - cached[1] <= max_age_s):
+            return dict(cached[2])
+        fig = self._stats.figures(key[0], key[1], span)
+        self._figures = (key, now, fig)
+        return dict(fig)
 
     def headline(self) -> dict:
         """The status file's and the progress line's few figures of the last window."""
-        fig = self.figures()
+        fig = self.figures(max_age_s=FIGURES_MAX_AGE_S)
         return {k: fig[k] for k in HEADLINE} | {"in_flight": self.in_flight()}
 
     def tick(self, now: float | None = None) -> None:
@@ -242,13 +250,15 @@ class LiveWindow:
         while self._next_point <= now:
             self._point(self._next_point)
             self._next_point += self.step_s
-        horizon = now - self.window_s - 2 * self.step_s - 1
-        for k in [k for k in self._buckets if k < horizon]:
-            del self._buckets[k]
+        horizon = math.ceil(now - self.window_s - 2 * self.step_s - 1)
+        old = [k for k in self._seconds if k < horizon]
+        if old:
+            self._seconds.difference_update(old)
+            self._stats.forget_before(horizon)
 
     def _point(self, t: float) -> None:
-        buckets = [b for k, b in self._buckets.items() if t - self.step_s <= k < t]
-        fig = figures(buckets, self.step_s)
+        # the arrival seconds in [t - step_s, t)
+        fig = self._stats.figures(math.ceil(t - self.step_s), math.ceil(t), self.step_s)
         s = self.series
         s["t_unix"].append(t)
         for key in SERIES:
@@ -288,7 +298,7 @@ class LiveWindow:
         first = 0 if since is None else next((i for i, x in enumerate(t) if x > since), len(t))
         workers = dict(self._verdicts)
         server = server_figures(list(self.scrapes))
-        fig = self.figures(now)
+        fig = self.figures(now, max_age_s=FIGURES_MAX_AGE_S)
         fig["users"] = self.users() if self.users is not None else None
         fig["in_flight"] = self.in_flight()
         return {
@@ -321,6 +331,10 @@ def _verdict(rows: list[dict], medians: dict, saturated: bool, cause: str) -> di
             "host_cpu_percent": latest.get("host_cpu_percent"),
             "rss_mb": latest.get("rss_mb"), "samples": len(rows),
             "saturated": saturated, "cause": cause if saturated else None}
+
+
+def _stage_no(st: StageMessage | None) -> int | None:
+    return None if st is None else st.stage
 
 
 def _max(values):

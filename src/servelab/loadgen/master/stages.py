@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from servelab.loadgen.messages import StageMessage
 from servelab.store.rows import StageRow
 
 _COLUMNS = tuple(f.name for f in dataclasses.fields(StageRow) if f.name != "run_id")
@@ -12,28 +13,29 @@ _COLUMNS = tuple(f.name for f in dataclasses.fields(StageRow) if f.name != "run_
 class StageRecords:
     def __init__(self, run_id: str):
         self.run_id = run_id
-        self.by_index: dict[int, dict] = {}
-        self.current: dict | None = None
+        self.by_index: dict[int, StageMessage] = {}
+        self.current: StageMessage | None = None
         self._version = 0
 
-    def begin(self, stage: dict) -> tuple[dict, StageRow]:
+    def begin(self, stage: StageMessage) -> tuple[StageMessage, StageRow]:
         """A new stage, or a new description of one (reached, window set or cut short). The
         version lets a worker ignore an update that an even newer one overtook."""
         self._version += 1
-        stage = dict(stage, version=self._version)
-        self.by_index[stage["stage"]] = stage
-        if self.current is None or stage["stage"] >= self.current["stage"]:
+        stage = stage.with_(version=self._version)
+        self.by_index[stage.stage] = stage
+        if self.current is None or stage.stage >= self.current.stage:
             self.current = stage
         return stage, self.row(stage)
 
     def end(self, index: int, t_unix: float) -> StageRow | None:
         """The stage's end, once (None if it is unknown or already ended)."""
         stage = self.by_index.get(index)
-        if stage is None or stage.get("ended_unix") is not None:
+        if stage is None or stage.ended_unix is not None:
             return None
-        stage = dict(stage, ended_unix=t_unix)
+        stage = stage.with_(ended_unix=t_unix)
         self.by_index[index] = stage
         return self.row(stage)
 
-    def row(self, stage: dict) -> StageRow:
-        return StageRow(self.run_id, **{k: stage.get(k) for k in _COLUMNS})
+    def row(self, stage: StageMessage) -> StageRow:
+        return StageRow(self.run_id, **{k: getattr(stage, k) for k in _COLUMNS})
+

@@ -21,6 +21,7 @@ from servelab.core.errors import ServelabError
 from servelab.loadgen.client.clock import now_unix, to_unix
 from servelab.loadgen.client.request import ALL_STATUSES, RequestSpec, Target, execute
 from servelab.loadgen.client.watchdog import StreamTimeout, Watchdog
+from servelab.loadgen.messages import StageMessage
 from servelab.loadgen.options import Settings
 from servelab.loadgen.worker.health import HealthMonitor
 from servelab.loadgen.worker.openloop import OpenLoopStage
@@ -110,7 +111,7 @@ class WorkerContext:
         self.spool_path = str(spool.dir.resolve())
         self.recorder = Recorder(environment.runner, self.run_id, self.worker, spool)
         self.sessions = self.planner.sessions(self.slot, self.slots)
-        self.stage: dict | None = None
+        self.stage: StageMessage | None = None
         self.stage_event = Event()
         self.draining = False
         self.drained = Event()
@@ -123,10 +124,11 @@ class WorkerContext:
                                     self.watchdog.in_flight, self.backlog)
 
     # ---- stages ---------------------------------------------------------------------------
-    def set_stage(self, stage: dict) -> None:
+    def set_stage(self, message: "dict | StageMessage") -> None:
+        """A STAGE message: the current closed-loop stage (rows are stamped with it)."""
+        stage = StageMessage.from_message(message)
         cur = self.stage
-        if cur is not None and (cur["stage"], cur.get("version", 0)) > \
-                (stage["stage"], stage.get("version", 0)):
+        if cur is not None and (cur.stage, cur.version) > (stage.stage, stage.version):
             return  # an update of an earlier stage, or one overtaken by a newer one
         if cur is None:
             self.health.reset()
@@ -134,13 +136,14 @@ class WorkerContext:
         self.stage_event.set()
         self.stage_event.clear()
 
-    def announce_open_stages(self, stages: list[dict]) -> None:
-        last = max(st["stage"] for st in stages)
-        for st in sorted(stages, key=lambda st: st["start_unix"]):
-            if st["stage"] not in self._open_seen:
-                self._open_seen.add(st["stage"])
-                loop = OpenLoopStage(self, st, final=st["stage"] == last)
-                self.open_loops[st["stage"]] = loop
+    def announce_open_stages(self, messages: list) -> None:
+        stages = [StageMessage.from_message(m) for m in messages]   # OPEN_STAGES' list
+        last = max(st.stage for st in stages)
+        for st in sorted(stages, key=lambda st: st.start_unix):
+            if st.stage not in self._open_seen:
+                self._open_seen.add(st.stage)
+                loop = OpenLoopStage(self, st, final=st.stage == last)
+                self.open_loops[st.stage] = loop
                 self._open_pending.append(loop)
         self.health.reset()
         self._open_event.set()
@@ -160,7 +163,7 @@ class WorkerContext:
         return sum(o.backlog() for o in self.open_loops.values())
 
     # ---- one request ----------------------------------------------------------------------
-    def run_request(self, client, planned, built, stage: dict, scheduled_perf: float | None = None,
+    def run_request(self, client, planned, built, stage: StageMessage, scheduled_perf=None,
                     collect_text: bool = False, late_ms: float | None = None):
         """Send one planned request, record its row; returns (outcome, reply text or None).
 
@@ -179,9 +182,9 @@ class WorkerContext:
         row.request_id = spec.request_id
         row.worker = self.worker
         row.worker_seq = seq
-        row.plan(planned, stage["stage"], stage.get("level"))
+        row.plan(planned, stage.stage, stage.level)
         row.prompt_tokens_target = spec.prompt_tokens_target   # what was built, as sent
-        row.warmup = _in_warmup(stage, row.sent_unix)
+        row.warmup = stage.in_warmup(row.sent_unix)
         if scheduled_perf is not None:
             row.scheduled_unix = to_unix(scheduled_perf)
             lag_ms = (out.t_sent - scheduled_perf) * 1000.0
@@ -191,12 +194,12 @@ class WorkerContext:
             raise out.aborted
         return out, ("".join(texts) if texts is not None else None)
 
-    def record_dropped(self, planned, stage: dict, scheduled_perf: float, why: str) -> None:
+    def record_dropped(self, planned, stage: StageMessage, scheduled_perf, why: str) -> None:
         seq = self.recorder.next_seq()
         scheduled = to_unix(scheduled_perf)
         self.recorder.record(dropped_arrival(
             self.run_id, f"{self.run_id}-{self.worker}-{seq}", self.worker, seq, planned,
-            stage["stage"], stage.get("level"), _in_warmup(stage, scheduled), scheduled,
+            stage.stage, stage.level, stage.in_warmup(scheduled), scheduled,
             now_unix(), why))
 
     # ---- closed loop ----------------------------------------------------------------------
@@ -322,13 +325,6 @@ class WorkerContext:
         self.health.stop()
         self.watchdog.stop()
         self.recorder.close()
-
-
-def _in_warmup(stage: dict, t_unix: float | None) -> bool:
-    start, end = stage.get("measure_start_unix"), stage.get("measure_end_unix")
-    if t_unix is None or start is None:
-        return True
-    return not (start <= t_unix and (end is None or t_unix < end))
 
 
 def prepare_user_client(client) -> None:

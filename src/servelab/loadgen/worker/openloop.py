@@ -22,6 +22,7 @@ from gevent.lock import BoundedSemaphore
 from gevent.pool import Group
 
 from servelab.loadgen.client.clock import to_perf
+from servelab.loadgen.messages import StageMessage
 
 log = logging.getLogger("servelab.loadgen")
 BUILD_AHEAD = 256
@@ -37,12 +38,12 @@ def worker_cap(cap: int | None, slot: int, slots: int) -> int | None:
 
 
 class OpenLoopStage:
-    def __init__(self, ctx, stage: dict, final: bool, client=None):
+    def __init__(self, ctx, stage: StageMessage, final: bool, client=None):
         self.ctx = ctx
         self.stage = stage
         self.final = final
         self.client = client
-        arrivals = ctx.planner.arrivals(stage["stage"], ctx.slot, ctx.slots)
+        arrivals = ctx.planner.arrivals(stage.stage, ctx.slot, ctx.slots)
         # items: a first turn with its arrival time, followed by the session's later turns
         self.items: list[list] = []
         for req in arrivals:
@@ -50,10 +51,10 @@ class OpenLoopStage:
                 self.items.append([req])
             elif self.items:
                 self.items[-1].append(req)
-        self.start = to_perf(stage["start_unix"])
-        self.end = to_perf(stage["end_unix"])
+        self.start = to_perf(stage.start_unix)
+        self.end = to_perf(stage.end_unix)
         self.due = [self.start + item[0].arrival_s for item in self.items]
-        self.cap = worker_cap(stage.get("max_in_flight"), ctx.slot, ctx.slots)
+        self.cap = worker_cap(stage.max_in_flight, ctx.slot, ctx.slots)
         self.slots = BoundedSemaphore(self.cap) if self.cap else None
         self.late_ms = ctx.settings.late_ms
         self.built: dict[int, object] = {}

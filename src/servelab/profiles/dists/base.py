@@ -2,6 +2,8 @@
 import math
 from typing import ClassVar
 
+from pydantic import model_validator
+
 from servelab.profiles.dists.unit import Sampler, Unit
 from servelab.profiles.fields import Strict, problem
 
@@ -25,6 +27,15 @@ class Distribution(Strict):
 def check_order(lo, hi) -> None:
     if hi is not None and hi < lo:
         raise problem("max", f"{hi:g} < min {lo:g}", "max >= min")
+
+
+class Ordered(Strict):
+    """A model with both ``min`` and ``max`` given (a uniform range, a histogram bin)."""
+
+    @model_validator(mode="after")
+    def _order(self):
+        check_order(self.min, self.max)
+        return self
 
 
 class Clipped(Distribution):

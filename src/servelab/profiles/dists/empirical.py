@@ -9,21 +9,16 @@ from typing import Annotated, Generic, Literal, Optional
 import numpy as np
 from pydantic import Field, PrivateAttr, ValidationInfo, model_validator
 
-from servelab.profiles.dists.base import Distribution, check_order
+from servelab.profiles.dists.base import Distribution, Ordered
 from servelab.profiles.dists.unit import Number, Sampler
-from servelab.profiles.fields import Strict, Weight, problem, profile_folder
+from servelab.profiles.fields import Weight, problem, profile_folder
 from servelab.profiles.values_file import read_values_file
 
 
-class Bin(Strict, Generic[Number]):
+class Bin(Ordered, Generic[Number]):
     min: Number
     max: Number
     weight: Weight
-
-    @model_validator(mode="after")
-    def _order(self):
-        check_order(self.min, self.max)
-        return self
 
 
 class Empirical(Distribution, Generic[Number]):

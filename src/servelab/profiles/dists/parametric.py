@@ -13,7 +13,7 @@ from typing import Annotated, Generic, Literal, Optional
 import numpy as np
 from pydantic import Field, model_validator
 
-from servelab.profiles.dists.base import Clipped, Distribution, check_order
+from servelab.profiles.dists.base import Clipped, Distribution, Ordered, check_order
 from servelab.profiles.dists.unit import Centre, Number, Real, Sampler
 from servelab.profiles.fields import problem
 from servelab.profiles.limits import MAX_SIGMA
@@ -35,15 +35,10 @@ class Fixed(Distribution, Generic[Number]):
         return self.value
 
 
-class Uniform(Distribution, Generic[Number]):
+class Uniform(Distribution, Ordered, Generic[Number]):
     kind: Literal["uniform"]
     min: Number
     max: Number
-
-    @model_validator(mode="after")
-    def _order(self):
-        check_order(self.min, self.max)
-        return self
 
     def sampler(self) -> Sampler:
         lo, hi = float(self.min), float(self.max)

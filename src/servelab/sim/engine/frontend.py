@@ -1,28 +1,35 @@
-"""The API server's CPU as a queueing stage in front of and behind the engine (issue 22).
+"""The API server's CPU in front of and behind the engine (issue 22).
 
-vLLM's API server is one Python process whose asyncio loop does, for every request, the HTTP
-parse, validation and tokenizing (``OpenAIServingCompletion`` -> ``InputProcessor``, then
-``AsyncLLM.add_request`` sends it to the engine core), and for every engine step the
-``output_handler`` task of ``vllm/v1/engine/async_llm.py``: ``OutputProcessor.process_outputs``
-detokenizes each request's new tokens (``output_processor.py``) and hands them to the request's
-stream, which formats and writes one SSE chunk. With the GIL, that is one CPU: the capture of
-2026-12-01 (H200, vLLM 0.26) shows the API server's CPU rising with streamed chunks and prompt
-tokens (16% at 1 user, 110% mean at 256 users) while client TTFT at 256 users spent 1.3 s
-between the API server's arrival and the engine's queue (the spans' TTFT minus queue and
-prefill) and the engine stepped at the API server's pace (27.8 ms decode-only steps at ~240
-running requests, against a GPU roofline of ~9 ms).
+vLLM's API server is one Python process. Its asyncio loop (one CPU: the GIL) runs the
+``output_handler`` task of ``AsyncLLM._run_output_handler`` (vllm/v1/engine/async_llm.py): for
+every engine step it pulls the step's outputs and ``OutputProcessor.process_outputs``
+detokenizes them and pushes each into its request's queue, whose ``generate()`` coroutine wakes
+and writes one SSE chunk; under load that work is always runnable. A new request's own work
+(HTTP parse, validation, ``InputProcessor.process_inputs_async``'s tokenizing, then
+``AsyncLLM.add_request`` -> the engine core's input socket) gets the loop between those jobs
+and a share of it while they run (the handler yields between output slices). Tokenizing runs
+in a worker thread, but the Python around the tokenizer holds the same GIL, so it is priced as
+loop time: the 2026-12-02 capture's API-server CPU is 0.175 cores + 49 us per streamed chunk +
+8.6 us per prompt token (least squares over 28 stages, within +-0.1 core), and at 256 users
+(bf16 code_gen, 13,098 chunks/s) the loop is saturated: requests wait 762 ms (median) between
+the API server's arrival and the engine while the engine queue is empty.
 
 The model, clock-free like the engine:
 
-- ``step_out(t, chunks)``: the outputs of a step that ended at ``t`` are processed first come
-  first served, ``api_step_s + chunks * api_chunk_s`` each; its chunks leave when that is done.
+- ``step_out(t, chunks)``: a step that ended at ``t`` has its outputs processed first come first
+  served on the loop, ``api_step_s + chunks * api_chunk_s`` each; its chunks leave when done.
 - ``gate()``: the engine starts a step only once the outputs of the step before the previous one
-  have been processed (two steps in flight, like the engine core's batch queue): a saturated API
-  server paces the engine instead of piling up unbounded output.
-- ``request_in(t, prompt_tokens)``: a new request's work, ``api_request_s + prompt_tokens *
-  api_prompt_token_s``, gets the CPU that output processing leaves (the output handler is always
-  runnable under load; new requests' tasks wait behind it): its service is stretched by
-  1 / (1 - recent output utilisation). The request reaches the engine when it is done.
+  have been processed: a saturated loop paces the engine instead of piling up unbounded output.
+- ``request_in(t, prompt_tokens)``: the request's ``api_request_s + prompt_tokens *
+  api_prompt_token_s`` of loop work is served first come first served among new requests, in
+  full in the gaps between output jobs and at ``INPUT_SHARE`` during them, computed exactly over
+  the output jobs known so far: the answer is a lower bound that ``ready(job, t)`` revisits once
+  later output jobs are known. It cannot run away (the replaced 1 / (1 - utilisation) stretch
+  froze a request's slowdown at its arrival and queued every later one behind it): the wait is
+  the backlog served at the loop's real leftover, and as soon as output load falls (a long
+  prefill step emits one chunk per request in ~150 ms) the backlog drains, which hands new
+  requests to the engine in bursts as the capture's iteration lines show (8-10 full 8,192-token
+  prefill steps, then ~40 decode-only ones, at 128 users).
 
 With every api_* coefficient 0 (the built-in defaults) the stage costs nothing.
 """
@@ -30,8 +37,20 @@ from __future__ import annotations
 
 from collections import deque
 
-WINDOW_S = 0.25       # the output utilisation that slows new requests is measured over this
-MIN_SHARE = 0.05      # new requests always get some CPU (the loop interleaves ready tasks)
+EPS = 1e-9
+# What a new request gets of the loop while an output job runs: the output handler yields
+# between VLLM_V1_OUTPUT_PROC_CHUNK_SIZE slices (``await asyncio.sleep(0)``) and each stream's
+# chunk is written by its own coroutine, so ready request coroutines take turns in between.
+INPUT_SHARE = 0.02
+
+
+class InputJob:
+    __slots__ = ("loop_at", "work", "end")
+
+    def __init__(self, loop_at: float, work: float):
+        self.loop_at = loop_at        # reached the server: its loop work may start
+        self.work = work              # loop seconds before the hand-off to the engine
+        self.end: float | None = None  # final once it is not after the last revisit
 
 
 class APIServer:
@@ -42,9 +61,11 @@ class APIServer:
         self.step_s = params.api_step_s
         self.enabled = any((self.request_s, self.token_s, self.chunk_s, self.step_s))
         self.out_free = 0.0           # when output processing catches up
-        self.in_free = 0.0            # when the new-request queue catches up
         self._done: deque = deque([0.0, 0.0], maxlen=2)  # output-processed times of the last two steps
-        self._busy: deque = deque()   # (start, end) of recent output jobs
+        self._busy: deque = deque()   # (start, end) of output jobs not yet behind every input
+        self._inputs: deque[InputJob] = deque()   # loop work of new requests, oldest first
+        self._in_t = 0.0              # the loop's input work is accounted up to here
+        self.last_job: InputJob | None = None   # the last request_in's, for ready()
 
     def step_out(self, t: float, chunks: int) -> float:
         """When the chunks of a step that ended at ``t`` leave the server."""
@@ -54,7 +75,8 @@ class APIServer:
         end = start + self.step_s + chunks * self.chunk_s
         self.out_free = end
         self._done.append(end)
-        self._busy.append((start, end))
+        if end > start:
+            self._busy.append((start, end))
         return end
 
     def gate(self) -> float:
@@ -65,20 +87,58 @@ class APIServer:
         """The engine went idle: its next step waits for no earlier output."""
         self._done.extend((0.0, 0.0))
 
-    def utilisation(self, t: float) -> float:
-        lo = t - WINDOW_S
-        busy = self._busy
-        while busy and busy[0][1] <= lo:
-            busy.popleft()
-        used = sum(min(e, t) - max(s, lo) for s, e in busy if s < t)
-        return min(1.0, max(0.0, used / WINDOW_S))
-
     def request_in(self, t: float, prompt_tokens: int) -> float:
-        """When a request that reached the server at ``t`` is handed to the engine."""
+        """When a request that reached the server at ``t`` is handed to the engine, as far as
+        the output jobs known now say (``last_job`` then names it for ``ready``)."""
         if not self.enabled:
+            self.last_job = None
             return t
-        work = self.request_s + prompt_tokens * self.token_s
-        share = max(MIN_SHARE, 1.0 - self.utilisation(t))
-        start = max(t, self.in_free)
-        self.in_free = start + work / share
-        return self.in_free
+        job = InputJob(t, self.request_s + prompt_tokens * self.token_s)
+        self._inputs.append(job)
+        self.last_job = job
+        self._settle(t)
+        return job.end
+
+    def ready(self, job: InputJob | None, t: float) -> float:
+        """The hand-off time of ``job`` given every output job known at ``t`` (``t`` or earlier:
+        it is done; later: revisit then)."""
+        if job is None:
+            return t
+        self._settle(t)
+        return job.end
+
+    def _settle(self, now: float) -> None:
+        """Serve the input queue, in order, around the known output jobs; a job done by ``now``
+        is final (an output job not known yet starts at a step end, never before the present)
+        and leaves the queue."""
+        t = self._in_t
+        for job in self._inputs:
+            t = job.end = self._serve(max(t, job.loop_at), job.work)
+        inputs = self._inputs
+        while inputs and inputs[0].end <= now + EPS:
+            self._in_t = inputs.popleft().end
+        if not inputs:   # nothing waits: output jobs before now can be forgotten
+            self._in_t = max(self._in_t, now)
+        busy = self._busy
+        while len(busy) > 1 and busy[0][1] <= self._in_t:
+            busy.popleft()
+
+    def _serve(self, start: float, work: float) -> float:
+        """When ``work`` seconds of loop time begun at ``start`` are done: all of the loop in the
+        gaps between output jobs, ``INPUT_SHARE`` of it during one."""
+        t = start
+        if work <= 0:
+            return t
+        for s, e in self._busy:
+            if e <= t:
+                continue
+            if s > t:
+                if t + work <= s + EPS:
+                    return t + work
+                work -= s - t
+                t = s
+            if (e - t) * INPUT_SHARE >= work:
+                return t + work / INPUT_SHARE
+            work -= (e - t) * INPUT_SHARE
+            t = e
+        return t + work

@@ -6,9 +6,15 @@ of two: it schedules step k+1 and launches it *before* it blocks on step k's res
 
 - the host work of a step (``Scheduler.schedule``, input preparation, the launch, and
   ``update_from_output`` of the step before) runs while the GPU computes the previous step:
-  back to back, a step takes ``max(gpu, host)``; an idle engine has nothing to overlap with, so
-  a request that finds it idle pays ``host + gpu`` (part of the fixed cost at one user that the
-  H200 calibration's residuals showed, 12-20 ms);
+  back to back, a step takes ``max(gpu, host)``, and vLLM's logged ``elapsed_ms`` is only the
+  ``future.result()`` wait that ``capture_iteration_details`` wraps, not the step. The 2026-12-02
+  H200 capture's decode-only seconds put the host side at 2.5 ms + 40 us per running request
+  (``t_host_s``, ``t_host_seq_s``; bench/fit_h200_engine.py);
+- an idle engine has nothing to overlap with: a request that finds it idle pays
+  ``host + gpu``, plus ``t_idle_step_s``, the wake-up of a loop that was blocked in
+  ``EngineCore._process_input_queue`` on ``input_queue.get()`` (no work: it blocks) and of a GPU
+  that sat idle: the capture's 1-user prefill spans (first scheduled -> first token) sit 4-6 ms
+  above host + GPU for every prompt length;
 - the batch that runs from ``now`` was decided when the previous step started: a request that
   arrived after that start joins the step after next (one step later than an idle or
   synchronous engine would take it). ``Scheduler.schedule`` then gives decodes their tokens
@@ -33,6 +39,7 @@ class AsyncPipeline:
         self.t_host = params.t_host_s
         self.t_host_seq = params.t_host_seq_s
         self.t_eager = params.t_eager_step_s
+        self.t_idle = params.t_idle_step_s
         self.prev_start: float | None = None   # the running step's start (None: idle)
         self.last_end: float | None = None
         self.pending: list = []                # added after the running step was scheduled
@@ -72,7 +79,7 @@ class AsyncPipeline:
         host = self.t_host + self.t_host_seq * num_seqs
         if num_tokens > CUDAGRAPH_MAX_TOKENS:
             host += self.t_eager
-        d = max(gpu_s, host) if self.last_end is not None else gpu_s + host
+        d = max(gpu_s, host) if self.last_end is not None else gpu_s + host + self.t_idle
         self.prev_start, self.last_end = now, now + d
         return d
 

@@ -6,12 +6,11 @@ and size, finish) and periodic samples of the engines' gauges and counters, whic
 benchmark client and a /metrics scraper would have seen. Who sends what when (closed-loop users,
 open-loop arrivals, sessions) is ``virtual_users``.
 
-Client-side times add a small frontend latency on either side of the engine (HTTP parsing,
-tokenization, the hop to the engine core; detokenizing and writing the SSE chunk). Where the
-engine's coefficients price the API server's CPU, that work is a queueing stage instead
-(``sim.engine.frontend``: requests wait for it before the engine sees them, each step's chunks
-after it, and the engine starts a step only once the step before last has been streamed), and
-the fixed latency keeps only the network hops.
+Client-side times add a small frontend latency on either side of the engine. Where the
+coefficients price the API server's CPU, that work is a queueing stage instead
+(``sim.engine.frontend``: a request is handed to the engine once the loop has served it, each
+step's chunks leave once processed, and the engine starts a step only once the step before last
+has been streamed), and the fixed latency keeps only the network hops.
 
 An open loop can be capped like the load generator's ``max_in_flight``: requests submitted with
 an ``InFlightCap`` wait, first come first served, while ``limit`` of them are in flight, and leave
@@ -34,8 +33,7 @@ from servelab.sim.engine.kv_offload import LOAD, STORE
 
 FRONTEND_IN_S = 0.002    # request sent -> engine sees it
 FRONTEND_OUT_S = 0.0005  # step done -> client receives the chunk
-# With a calibration that prices the API server's CPU (``sim.engine.frontend``), the hops left
-# outside it are the network and the HTTP server's accept/write (the capture: ~1 ms each way).
+# With the API server's CPU priced (``sim.engine.frontend``), the network and accept/write hops.
 NETWORK_IN_S = 0.001
 NETWORK_OUT_S = 0.0005
 _SUFFIX_BASE = 1 << 40   # request-unique prompt ids live above every prefix-group id
@@ -141,9 +139,8 @@ class StatSample:
     spec_num_drafts_total: int
     spec_num_draft_tokens_total: int
     spec_num_accepted_tokens_total: int
-    # The CPU KV-offload tier (zero without one): tokens asked of it and found in it after the
-    # GPU prefix cache missed, and bytes carried each way (all TP ranks), as vLLM's
-    # OffloadingConnector counts them.
+    # The CPU KV-offload tier (zero without one), as vLLM's OffloadingConnector counts it:
+    # tokens asked of it and found after a GPU miss, bytes carried each way (all TP ranks).
     offload_queries_total: int = 0
     offload_hits_total: int = 0
     offload_load_bytes_total: float = 0.0
@@ -296,12 +293,17 @@ class VirtualRunner:
                 scheduled_s: float | None, cap: InFlightCap | None) -> None:
         i = least_outstanding([e.num_outstanding for e in self.engines])
         ids = prompt_ids_for(req, index)
-        ready = self.api[i].request_in(t, len(ids))
-        args = (i, req, index, ids, sent_s, scheduled_s, cap)
-        if ready > t:   # the API server's CPU: parse and tokenize first
-            self._push(ready, "enter", args)
+        api = self.api[i]
+        ready = api.request_in(t, len(ids))
+        self._hand_off(t, api.last_job, (i, req, index, ids, sent_s, scheduled_s, cap), ready)
+
+    def _hand_off(self, t: float, job, args: tuple, ready: float | None = None) -> None:
+        """Into the engine once the API server's loop has served it, else looked at again then."""
+        ready = self.api[args[0]].ready(job, t) if ready is None else ready
+        if ready > t + 1e-9:
+            self._push(ready, "enter", (job, args))
         else:
-            self._enter(ready, *args)
+            self._enter(t, *args)
 
     def _enter(self, t: float, i: int, req: VirtualRequest, index: int, ids, sent_s: float,
                scheduled_s: float | None, cap: InFlightCap | None) -> None:
@@ -379,7 +381,7 @@ class VirtualRunner:
             elif kind == "arrive":
                 self._arrive(t, *payload)
             elif kind == "enter":
-                self._enter(t, *payload)
+                self._hand_off(t, *payload)
             elif kind == "start":
                 self._start_step(payload[0], t)
             elif kind == "send":

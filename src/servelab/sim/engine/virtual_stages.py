@@ -21,35 +21,36 @@ real path step by step, with ``--workers 0`` (one Locust process, ``LocalRunner`
   back to back; each stage ends exactly at its span (a trace's span gains 1 ms so that its last
   arrival falls inside it).
 
-These constants mirror ``loadgen.shapes`` and Locust 2.x; what is left out is the scheduling
-noise of a real process (a tick or a poll a few ms late) and, with ``--workers N``, the master's
-view of the count, which arrives with the workers' reports.
+The windows, ends and open-loop schedule are the stage clock's (``core.stage_clock``), which
+``loadgen.shapes`` places its stages by too; the dispatch and the polls mirror Locust 2.x. What
+is left out is the scheduling noise of a real process (a tick or a poll a few ms late) and, with
+``--workers N``, the master's view of the count, which arrives with the workers' reports.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from servelab.core.timeouts import OPEN_LEAD_S, REACH_POLL_S, SPAWN_RATE_CAP
+from servelab.core.stage_clock import (
+    OPEN_LEAD_S,
+    REACH_POLL_S,
+    TICK_S,
+    TRACE_PAD_S,
+    StageTimes,
+    default_spawn_rate,
+    measured,
+    measured_window,
+    next_tick,
+    open_schedule,
+    over_at,
+    spawn_rate,
+)
 
-TICK_S = 1.0           # Locust's shape worker: one tick per second
-TRACE_PAD_S = 0.001    # a trace stage's span gains this, so its last arrival is inside it
-
-
-@dataclass
-class StageWindow:
-    """One stage's times, in seconds from the run's first tick (``reached`` None: never)."""
-    stage: int
-    start: float
-    reached: float | None
-    measure_start: float
-    measure_end: float
-    end: float
-
-    def as_dict(self) -> dict:
-        return {"stage": self.stage, "start": self.start, "reached": self.reached,
-                "measure_start": self.measure_start, "measure_end": self.measure_end,
-                "end": self.end}
+# One stage's times, in seconds from the run's first tick: the stage clock's, as the shape's.
+StageWindow = StageTimes
+__all__ = ["OPEN_LEAD_S", "REACH_POLL_S", "TICK_S", "TRACE_PAD_S", "StageWindow", "UserSpan",
+           "default_spawn_rate", "dispatch_offsets", "closed_loop_plan", "open_loop_windows",
+           "stage_at", "in_warmup"]
 
 
 @dataclass
@@ -59,20 +60,12 @@ class UserSpan:
     stop: float
 
 
-def default_spawn_rate(users: int, workers: int = 1) -> float:
-    return max(1.0, min(float(users or 1), SPAWN_RATE_CAP * max(1, workers)))
-
-
 def dispatch_offsets(count: int, rate: float) -> list[float]:
     """Seconds after the dispatch starts at which each of ``count`` users is added or stopped:
     Locust's batches of ``max(1, floor(rate))`` users, ``batch / rate`` seconds apart."""
     batch = max(1, math.floor(rate))
     gap = batch / rate
     return [(i // batch) * gap for i in range(count)]
-
-
-def _next_tick(t: float) -> float:
-    return math.ceil(t / TICK_S - 1e-9) * TICK_S
 
 
 def _reach_poll(start: float, last_change: float) -> float:
@@ -91,21 +84,16 @@ def closed_loop_plan(stages: list, workers: int = 1) -> tuple[list[StageWindow],
     t = 0.0
     for st in stages:
         target = st.users or 0
-        rate = st.spawn_rate or default_spawn_rate(target, workers)
         change = abs(target - len(active))
-        offsets = dispatch_offsets(change, rate)
+        offsets = dispatch_offsets(change, spawn_rate(st, workers))
         # No change: the watcher's first look already sees the count.
         reached = _reach_poll(t, t + offsets[-1]) if offsets else t
+        measure_start, measure_end = measured_window(st, t, reached)
+        end = next_tick(over_at(st, t, measure_end))
         if st.kind == "ramp":
-            end = _next_tick(t + st.duration_s)
-            measure_start, measure_end = t + st.warmup_s, t + st.duration_s
             offsets = [o for o in offsets if t + o < end]   # the rest is cut by the next stage
             if len(offsets) < change:
                 reached = None
-        else:
-            measure_start = reached + st.warmup_s
-            measure_end = measure_start + st.hold_s
-            end = _next_tick(measure_end)
         for o in offsets:
             if target > len(active):
                 active.append(t + o)
@@ -119,13 +107,9 @@ def closed_loop_plan(stages: list, workers: int = 1) -> tuple[list[StageWindow],
 
 
 def open_loop_windows(stages: list) -> list[StageWindow]:
-    """Windows of ``rate``/``trace`` stages, back to back from ``OPEN_LEAD_S``."""
-    out, t = [], OPEN_LEAD_S
-    for st in stages:
-        span = st.duration_s + (TRACE_PAD_S if st.kind == "trace" else 0.0)
-        out.append(StageWindow(st.index, t, t, t + st.warmup_s, t + span, t + span))
-        t += span
-    return out
+    """Windows of ``rate``/``trace`` stages, back to back from ``OPEN_LEAD_S`` (the schedule is
+    announced on the first tick, t = 0)."""
+    return open_schedule(stages, 0.0)
 
 
 def stage_at(windows: list[StageWindow], t: float) -> StageWindow:
@@ -137,5 +121,5 @@ def stage_at(windows: list[StageWindow], t: float) -> StageWindow:
 
 
 def in_warmup(w: StageWindow, t: float) -> bool:
-    """The load generator's rule (worker.context._in_warmup): measured only inside the window."""
-    return not (w.measure_start <= t < w.measure_end)
+    """The load generator's rule (the stage clock's): measured only inside the window."""
+    return not measured(w.measure_start, w.measure_end, t)

@@ -37,6 +37,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from servelab.sim.engine.kv_offload import LMCACHE_COUNTERS, LOAD, SIZE_BUCKETS, STORE
+from servelab.sim.server.metric_families import (ENGINE_FAMILIES, FRONTEND_HISTOGRAMS, SIM_FAMILIES,
+                                                 SPEC_DECODE_COUNTERS)
 from servelab.sim.server.metrics_versions import VersionedCollector
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -50,35 +52,6 @@ PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
 LAG_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                1.0, 2.5)
 FINISHED_REASONS = ("stop", "length", "abort")
-# The frontend's histograms, in vLLM's order: (name, help, EngineMetrics attribute).
-FRONTEND_HISTOGRAMS = (
-    ("vllm:request_prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens_hist"),
-    ("vllm:request_generation_tokens", "Number of generation tokens processed.",
-     "generation_tokens_hist"),
-    ("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.",
-     "iteration_tokens"),
-    ("vllm:request_max_num_generation_tokens",
-     "Histogram of maximum number of requested generation tokens.", "max_num_generation_tokens"),
-    ("vllm:request_params_n", "Histogram of the n request parameter.", "params_n"),
-    ("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
-     "params_max_tokens"),
-    ("vllm:request_prefill_kv_computed_tokens",
-     "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
-     "prefill_kv_computed"),
-    ("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", "ttft"),
-    ("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", "itl"),
-    ("vllm:request_time_per_output_token_seconds",
-     "Histogram of time_per_output_token_seconds per request.", "tpot"),
-    ("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", "e2e"),
-    ("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.",
-     "queue"),
-    ("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
-     "inference"),
-    ("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.",
-     "prefill"),
-    ("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.",
-     "decode"),
-)
 
 
 def buckets_1_2_5(max_value: int) -> tuple[int, ...]:
@@ -232,7 +205,7 @@ class SimCollector(Collector):
 
     def collect(self):
         stats = [e.stats for e in self.engines]
-        yield from self._engine_families(stats)
+        yield from self._families(ENGINE_FAMILIES, stats)
         yield from self._frontend_families(self.frontend)
         yield self._cache_config_info(stats)
         if any(getattr(e, "offload", None) is not None for e in self.engines):
@@ -242,22 +215,12 @@ class SimCollector(Collector):
         yield self._http_family()
         yield from self.sim_families(self.frontend)
 
-    def _engine_families(self, stats):
-        yield self._gauge("vllm:num_requests_running",
-                          "Number of requests in model execution batches.",
-                          [s.num_running for s in stats])
-        yield self._gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                          [s.num_waiting for s in stats])
-        yield self._gauge("vllm:kv_cache_usage_perc",
-                          "KV-cache usage. 1 means 100 percent usage.", [s.kv_usage for s in stats])
-        yield self._counter("vllm:prefix_cache_queries",
-                            "Prefix cache queries, in terms of number of queried tokens.",
-                            [s.prefix_cache_queries_total for s in stats])
-        yield self._counter("vllm:prefix_cache_hits",
-                            "Prefix cache hits, in terms of number of cached tokens.",
-                            [s.prefix_cache_hits_total for s in stats])
-        yield self._counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                            [s.num_preemptions_total for s in stats])
+    def _families(self, table, rows):
+        """One family per ``(type, name, help, attribute)`` of ``table``: each engine's
+        ``row.attribute`` its sample."""
+        make = {"gauge": self._gauge, "counter": self._counter, "histogram": self._hist}
+        for kind, name, doc, attr in table:
+            yield make[kind](name, doc, [getattr(r, attr) for r in rows])
 
     def _frontend_families(self, fe):
         yield self._counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
@@ -278,12 +241,7 @@ class SimCollector(Collector):
         return info
 
     def _spec_decode_families(self, stats):
-        yield self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
-                            [s.spec_num_drafts_total for s in stats])
-        yield self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
-                            [s.spec_num_draft_tokens_total for s in stats])
-        yield self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
-                            [s.spec_num_accepted_tokens_total for s in stats])
+        yield from self._families(SPEC_DECODE_COUNTERS, stats)
         yield self._counter(
             "vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.",
             [{p: (s.spec_accepted_per_pos_total[p] if p < len(s.spec_accepted_per_pos_total)
@@ -361,21 +319,7 @@ class SimCollector(Collector):
 
     def sim_families(self, fe):
         """The simulator's own health families, whatever dialect the server speaks."""
-        yield self._gauge("servelab:sim_lag_seconds",
-                          "How late the last step's tokens were delivered against the engine's "
-                          "schedule.", [f.lag_last for f in fe])
-        yield self._gauge("servelab:sim_lag_max_seconds", "Largest step lag since start.",
-                          [f.lag_max for f in fe])
-        yield self._hist("servelab:sim_step_lag_seconds",
-                         "Per step: delivery time minus scheduled step end.", [f.lag for f in fe])
-        yield self._hist("servelab:sim_delivery_seconds",
-                         "Per step: time spent writing the step's chunks to the clients.",
-                         [f.delivery for f in fe])
-        yield self._counter("servelab:sim_steps", "Engine steps run in real time.",
-                            [f.steps for f in fe])
-        yield self._counter("servelab:sim_lag_resyncs",
-                            "Times the step schedule was re-anchored because lag passed the "
-                            "resync threshold.", [f.resyncs for f in fe])
+        yield from self._families(SIM_FAMILIES, fe)
 
 
 class MetricsExporter:

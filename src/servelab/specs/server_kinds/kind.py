@@ -65,6 +65,33 @@ class LinearPath:
     int4: bool              # 4-bit weights, 16-bit activations
 
 
+# The server views' canonical names (analysis/38_server_metric_names.sql: gauges as they are,
+# counters ending _total) -> the canonical key of a kind's METRICS that feeds each.
+VIEW_KEYS = (
+    ("running", "running"), ("waiting", "waiting"), ("kv_usage", "kv_cache_usage"),
+    ("kv_usage_legacy", "kv_cache_usage_legacy"), ("preemptions_total", "preemptions"),
+    ("prompt_tokens_total", "prompt_tokens"), ("generation_tokens_total", "generation_tokens"),
+    ("prefix_cache_queries_total", "prefix_cache_queries"),
+    ("prefix_cache_hits_total", "prefix_cache_hits"), ("spec_drafts_total", "spec_drafts"),
+    ("spec_draft_tokens_total", "spec_draft_tokens"),
+    ("spec_accepted_tokens_total", "spec_accepted_tokens"),
+    ("offload_queries_total", "offload_queries"), ("offload_hits_total", "offload_hits"),
+    ("offload_bytes_total", "offload_bytes"))
+
+
+def view_metrics(metrics: dict[str, str], without: tuple[str, ...] = ()) -> dict[str, str]:
+    """A kind's ``view_metrics``: each view name whose key its ``metrics`` has, less the keys in
+    ``without`` (a counter whose meaning differs from the view's)."""
+    return {view: metrics[key] for view, key in VIEW_KEYS if key in metrics and key not in without}
+
+
+# How vLLM's log starts the warning that FP8 weights run weight-only through Marlin (no native
+# FP8 on the GPU); SGLang logs the same words.
+FP8_MARLIN_WARNING = "Your GPU does not have native support for FP8 computation"
+# A traceback's last line: the exception (any *Error or *Exception: ModuleNotFoundError,
+# ValueError, torch.OutOfMemoryError ...) at the start of a log message, not quoted inside a
+# warning. Every kind's log grammar reads start-up and runtime errors with it.
+ERROR_LINE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception): .*)$")
 HF_ID_RE = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # A local model folder as `vllm serve` takes it: absolute, ./ ../ or ~ relative.
 MODEL_PATH_RE = re.compile(r"^(?:/|\./|\.\./|~/?)\S*$")

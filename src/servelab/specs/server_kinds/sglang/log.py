@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import re
 
-from servelab.specs.server_kinds.kind import LinearPath, ServerFacts
+from servelab.specs.server_kinds.kind import ERROR_LINE, FP8_MARLIN_WARNING, LinearPath, ServerFacts
+from servelab.specs.server_kinds.kind import view_metrics
 
-FP8_MARLIN_WARNING = "Your GPU does not have native support for FP8 computation"
 READY_LINE = "The server is fired up and ready to roll!"
 
 # Canonical name -> what SGLang's /metrics calls it (the keys are vllm_log.METRICS's). SGLang
@@ -50,14 +50,9 @@ METRICS = {
     "itl": "sglang:inter_token_latency_seconds",
     "e2e_latency": "sglang:e2e_request_latency_seconds",
 }
-# The server views' canonical names -> METRICS. SGLang has no per-draft counters, so the views'
-# spec_* stay NULL for it (sglang:spec_accept_length is its gauge).
-VIEW_METRICS = {view: METRICS[key] for view, key in (
-    ("running", "running"), ("waiting", "waiting"), ("kv_usage", "kv_cache_usage"),
-    ("preemptions_total", "preemptions"), ("prompt_tokens_total", "prompt_tokens"),
-    ("generation_tokens_total", "generation_tokens"),
-    ("prefix_cache_queries_total", "prefix_cache_queries"),
-    ("prefix_cache_hits_total", "prefix_cache_hits"))}
+# The server views' names -> METRICS. SGLang has no per-draft counters (spec_verify_calls counts
+# verify steps), so the views' spec_* stay NULL for it (sglang:spec_accept_length is its gauge).
+VIEW_METRICS = view_metrics(METRICS, without=("spec_drafts",))
 # SGLang's --speculative-algorithm -> the method names claims use (vLLM's words). NEXTN is
 # DeepSeek's multi-token prediction; STANDALONE a separate draft model.
 SPEC_ALGORITHMS = {"NGRAM": "ngram", "EAGLE": "eagle", "EAGLE3": "eagle3", "NEXTN": "mtp",
@@ -71,7 +66,6 @@ _MEM_USAGE = re.compile(r"mem usage=([\d.]+) GB")
 _KV_POOL = re.compile(r"KV Cache is allocated\.(?: dtype: ([\w.]+),)? #tokens: (\d+), "
                       r"(?:K size: ([\d.]+) GB, V size: ([\d.]+) GB|KV size: ([\d.]+) GB)")
 _TOTALS = re.compile(r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+)")
-_ERROR = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception): .*)$")
 _STOPPING = ("Shutting down", "Received sigquit", "Finished server process")
 # `python3 -m sglang.launch_server` where sglang is not installed: Python's own message.
 _NO_MODULE = re.compile(r"\(?(ModuleNotFoundError: No module named '[\w.]+')\)?")
@@ -167,7 +161,7 @@ def parse_log(text: str, facts: ServerFacts | None = None) -> ServerFacts:
             facts.startup_complete = True
         if any(s in msg for s in _STOPPING):
             stopping = True
-        if (m := _ERROR.search(msg) or _NO_MODULE.search(msg)) and not stopping:
+        if (m := ERROR_LINE.search(msg) or _NO_MODULE.search(msg)) and not stopping:
             found = facts.runtime_errors if facts.startup_complete else facts.errors
             if m.group(1) not in found:
                 found.append(m.group(1))

@@ -11,9 +11,9 @@ from __future__ import annotations
 import ast
 import re
 
-from servelab.specs.server_kinds.kind import LinearPath, ServerFacts
+from servelab.specs.server_kinds.kind import ERROR_LINE, FP8_MARLIN_WARNING, LinearPath, ServerFacts
+from servelab.specs.server_kinds.kind import view_metrics
 
-FP8_MARLIN_WARNING = "Your GPU does not have native support for FP8 computation"
 CUSTOM_AR_WARNING = "Custom allreduce is disabled because your platform lacks GPU P2P capability"
 
 # Canonical name -> what vLLM's /metrics calls it. The server-timeline SQL views and verify read
@@ -38,17 +38,8 @@ METRICS = {
     "offload_hits": "vllm:external_prefix_cache_hits_total",
     "offload_bytes": "vllm:kv_offload_total_bytes_total",
 }
-# The server views' canonical names (gauges as they are, counters ending _total) -> METRICS.
-VIEW_METRICS = {view: METRICS[key] for view, key in (
-    ("running", "running"), ("waiting", "waiting"), ("kv_usage", "kv_cache_usage"),
-    ("kv_usage_legacy", "kv_cache_usage_legacy"), ("preemptions_total", "preemptions"),
-    ("prompt_tokens_total", "prompt_tokens"), ("generation_tokens_total", "generation_tokens"),
-    ("prefix_cache_queries_total", "prefix_cache_queries"),
-    ("prefix_cache_hits_total", "prefix_cache_hits"), ("spec_drafts_total", "spec_drafts"),
-    ("spec_draft_tokens_total", "spec_draft_tokens"),
-    ("spec_accepted_tokens_total", "spec_accepted_tokens"),
-    ("offload_queries_total", "offload_queries"), ("offload_hits_total", "offload_hits"),
-    ("offload_bytes_total", "offload_bytes"))}
+# The server views read every counter above (kind.VIEW_KEYS names which feeds which).
+VIEW_METRICS = view_metrics(METRICS)
 # Linear-layer kernels that run 4-bit weights with 16-bit activations (W4A16).
 INT4_KERNELS = ("MarlinLinearKernel", "MacheteLinearKernel", "AllSparkLinearKernel",
                 "ConchLinearKernel", "ExllamaLinearKernel", "BitBLASLinearKernel",
@@ -69,9 +60,6 @@ _LOADING = re.compile(r"Model loading took ([\d.]+) GiB")
 _CHUNKED = re.compile(r"max_num_batched_tokens=(\d+)")
 _NON_DEFAULT = re.compile(r"non-default args: (\{.*\})\s*$")
 _SPEC_OBJ = re.compile(r"SpeculativeConfig\((.*?)\)")
-# A traceback's last line: the exception (any *Error or *Exception: ModuleNotFoundError,
-# ValueError, torch.OutOfMemoryError ...) at the start of the message, not quoted inside a warning.
-_ERROR = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception): .*)$")
 # vLLM's wrapper around a dead engine core; the root cause is logged before it.
 _WRAPPER = ("Engine core initialization failed", "See root cause above")
 # Data-parallel engine cores log as (EngineCore_DP0 pid=...), each its own config line.
@@ -134,7 +122,7 @@ def parse_log(text: str, facts: ServerFacts | None = None) -> ServerFacts:
             started = True
         if "[shutdown]" in msg:
             stopping = True  # vLLM 0.26 aborts its engine on SIGTERM and logs EngineDeadError
-        if (m := _ERROR.search(msg)) and not stopping:
+        if (m := ERROR_LINE.search(msg)) and not stopping:
             found = facts.runtime_errors if started else facts.errors
             if m.group(1) not in found:
                 found.append(m.group(1))

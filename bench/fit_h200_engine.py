@@ -1,0 +1,229 @@
+"""The engine's step coefficients of the H200 calibrations, fitted to the capture's iteration lines.
+
+    python bench/fit_h200_engine.py [servers/captured/h200_20261202] [--variant bf16]
+
+vLLM 0.26 logs every engine step with ``--enable-logging-iteration-details`` (``Iteration(N)``:
+context requests/tokens, generation requests/tokens, ``elapsed_ms``, KV usage). With async
+scheduling ``elapsed_ms`` is only the wait on the step's result
+(``EngineCore.step_with_batch_queue`` in vllm/v1/engine/core.py wraps ``future.result()`` in
+``capture_iteration_details``), and the log stamps lines to the second. So the fit uses what
+one logged second does say exactly: its steps ran back to back for one second when the engine
+was never idle (every stage of 16 users and more), i.e. the sum of the simulator's step
+periods, ``max(GPU, host)`` each (``sim.engine.pipeline``), over that second's logged shapes
+should be 1 s. Each line's shape: its generation requests decode over the KV cache's tokens
+(``kv_cache_usage_pct`` of the 374,480-token cache, less the step's prompt chunks), its context
+tokens are prompt chunks split evenly over its context requests.
+
+Fitted (least squares of log errors, a coordinate search: no SciPy here), to two things at once
+(each weighted as one): the busy seconds' period sums (against 1 s) and the 1-user prefill spans
+(an idle engine: host + GPU + ``t_idle_step_s``, + ``t_eager_step_s`` past the largest CUDA
+graph, against each request's span): ``eta_compute`` (GEMM throughput), ``eta_attn`` (what grows
+with a chunk's length), ``t_eager_step_s`` and ``t_idle_step_s``. The host terms are held at the
+decode-only seconds' 2.5 ms + 40 us per running request (``HOST``), and ``eta_bw`` is set first
+by the 1-user decode step, which is weight streaming: the cost model's decode step at the 1-user
+stage's mean context equals the measured TPOT p50.
+It prints the fitted values and the mean period sum per stage before and after.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CAPTURE = REPO / "servers" / "captured" / "h200_20261202"
+MODEL = "Qwen/Qwen2.5-7B-Instruct"
+FLAGS = {"bf16": ["--max-model-len", "4096", "--kv-cache-memory-bytes", "20G"],
+         "fp8": ["--max-model-len", "4096", "--kv-cache-memory-bytes", "20G",
+                 "--quantization", "fp8"]}
+KV_TOKENS = 374_480        # "GPU KV cache size: 374,480 tokens" (each variant's startup.log)
+FITTED = ("eta_compute", "eta_attn", "t_eager_step_s", "t_idle_step_s")
+# The host side of a step, read off the capture's decode-only seconds (the step period there is
+# the host floor once GPU time falls under it): 2.5 ms plus 40 us per running request.
+HOST = {"t_host_s": 0.0025, "t_host_seq_s": 40e-6}
+OPTIONAL = ("t_eager_step_s", "t_idle_step_s")   # may fit to 0: their mechanism off
+CUDAGRAPH_MAX_TOKENS = 512   # a prefill past it launches without a CUDA graph (sim.engine.pipeline)
+
+
+def busy_seconds(capture: Path, variant: str) -> list[tuple[str, int, list[tuple]]]:
+    """(run, level, [(ctx_reqs, ctx_tokens, gen_reqs, kv_pct)...]) for every whole log second
+    inside a measured window of 16 users or more."""
+    import duckdb
+
+    con = duckdb.connect()
+    out = []
+    for folder in sorted((capture / variant).iterdir()):
+        if not (folder / "stages.parquet").is_file():
+            continue
+        stages = con.execute(f"SELECT level, measure_start_unix, measure_end_unix FROM "
+                             f"'{folder / 'stages.parquet'}' WHERE level >= 16").fetchall()
+        for level, a, b in stages:
+            rows = con.execute(
+                f"SELECT log_second_unix, context_requests, context_tokens, generation_requests, "
+                f"kv_cache_usage_pct FROM '{folder / 'server_iterations.parquet'}' WHERE "
+                f"log_second_unix >= ceil(?) AND log_second_unix < floor(?) ORDER BY line_no",
+                [a, b]).fetchall()
+            seconds: dict = {}
+            for sec, *shape in rows:
+                seconds.setdefault(sec, []).append(tuple(shape))
+            out += [(folder.name, int(level), steps) for steps in seconds.values()]
+    return out
+
+
+def step_shape(ctx_reqs: int, ctx_tokens: int, gen_reqs: int, kv_pct: float):
+    from servelab.sim.engine.cost_model import BatchShape
+
+    shape = BatchShape()
+    context = max(0, int(kv_pct / 100 * KV_TOKENS) - ctx_tokens)
+    for i in range(gen_reqs):
+        shape.add_decode(context // gen_reqs + (i < context % gen_reqs))
+    for i in range(ctx_reqs):
+        shape.add_prefill(ctx_tokens // ctx_reqs + (i < ctx_tokens % ctx_reqs), 0)
+    return shape
+
+
+def period_sums(config, params, seconds) -> list[float]:
+    from servelab.sim.engine.cost_model import priced
+
+    model = priced(config, params)
+    sums = []
+    for _, _, steps in seconds:
+        total = 0.0
+        for ctx_reqs, ctx_tokens, gen_reqs, kv in steps:
+            shape = step_shape(ctx_reqs, ctx_tokens, gen_reqs, kv)
+            host = params.t_host_s + params.t_host_seq_s * shape.num_seqs
+            total += max(model.step_time(shape), host)
+        sums.append(total)
+    return sums
+
+
+def idle_spans(capture: Path, variant: str) -> list[tuple[int, float]]:
+    """(prompt tokens, prefill span ms) of every request sent in a 1-user stage (its warm-up
+    too): the engine was idle when each arrived, so its span is host + GPU of one step."""
+    import duckdb
+
+    con = duckdb.connect()
+    out = []
+    for folder in sorted((capture / variant).iterdir()):
+        if not (folder / "stages.parquet").is_file():
+            continue
+        out += con.execute(
+            f"SELECT s.prompt_tokens, s.time_in_model_prefill_s * 1000 FROM "
+            f"'{folder / 'server_spans.parquet'}' s JOIN '{folder / 'stages.parquet'}' st "
+            f"ON s.start_unix BETWEEN st.started_unix AND st.measure_end_unix "
+            f"WHERE st.level = 1 AND s.time_in_model_prefill_s > 0").fetchall()
+    return out
+
+
+def idle_prefill_ms(model, params, tokens: int) -> float:
+    """An idle engine's prefill: nothing to overlap the host side with (``sim.engine.pipeline``)."""
+    from servelab.sim.engine.cost_model import BatchShape
+
+    shape = BatchShape()
+    shape.add_prefill(tokens, 0)
+    host = params.t_host_s + params.t_host_seq_s + params.t_idle_step_s
+    if tokens > CUDAGRAPH_MAX_TOKENS:
+        host += params.t_eager_step_s
+    return 1e3 * (model.step_time(shape) + host)
+
+
+def loss(config, params, seconds, spans=()) -> float:
+    """Mean squared log error of the busy seconds' period sums (against 1 s) plus that of the
+    idle prefills (against their spans), each part weighted as one."""
+    from servelab.sim.engine.cost_model import priced
+
+    busy = sum(math.log(s) ** 2 for s in period_sums(config, params, seconds)) / len(seconds)
+    if not spans:
+        return busy
+    model = priced(config, params)
+    idle = sum(math.log(idle_prefill_ms(model, params, n) / ms) ** 2 for n, ms in spans)
+    return busy + idle / len(spans)
+
+
+def fit_bw(config, params, tpot_ms: float, context: int):
+    """eta_bw such that one decode step at ``context`` tokens takes ``tpot_ms``."""
+    from servelab.sim.engine.cost_model import BatchShape, priced
+
+    shape = BatchShape()
+    shape.add_decode(context)
+    lo, hi = 0.3, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        ms = 1e3 * priced(config, replace(params, eta_bw=mid)).step_time(shape)
+        lo, hi = (mid, hi) if ms > tpot_ms else (lo, mid)
+    return replace(params, eta_bw=round((lo + hi) / 2, 4))
+
+
+def coordinate_search(config, params, seconds, spans, rounds: int = 4):
+    for _ in range(rounds):
+        for name in FITTED:
+            best = (loss(config, params, seconds, spans), getattr(params, name))
+            for factor in (0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 1.05, 1.1, 1.25, 1.4, 2.0):
+                value = getattr(params, name) * factor
+                if (name.startswith("eta_") and not 0 < value <= 1) or (
+                        value == 0 and name not in OPTIONAL):
+                    continue
+                trial = loss(config, replace(params, **{name: value}), seconds, spans)
+                if trial < best[0]:
+                    best = (trial, value)
+            params = replace(params, **{name: float(f"{best[1]:.4g}")})
+    return params
+
+
+def one_user_tpot(capture: Path, variant: str) -> tuple[float, int]:
+    import csv
+
+    with open(capture / variant / f"phases_{variant}" / "stage_summary.csv") as f:
+        row = next(r for r in csv.DictReader(f)
+                   if r["class_name"] == "(all)" and float(r["level"]) == 1.0)
+    context = float(row["prompt_tokens_mean"]) + float(row["output_tokens_mean"]) / 2
+    return float(row["tpot_p50_ms"]), int(context)
+
+
+def fit(capture: Path, variant: str):
+    """The fitted coefficients (a CostParams) and the seconds they were fitted on."""
+    from servelab.sim.engine.costs import resolve_cost
+    from servelab.specs.engine_config import build_engine_config
+
+    config = build_engine_config("H200", MODEL, FLAGS[variant])
+    params = resolve_cost(config)[0]
+    seconds = busy_seconds(capture, variant)
+    params = fit_bw(config, params, *one_user_tpot(capture, variant))
+    params = replace(params, t_idle_step_s=params.t_idle_step_s or 0.005, **HOST)
+    spans = idle_spans(capture, variant)
+    return config, coordinate_search(config, params, seconds, spans), seconds
+
+
+def report(config, before, after, seconds) -> None:
+    by_stage: dict = {}
+    for (run, level, _), b, a in zip(seconds, period_sums(config, before, seconds),
+                                     period_sums(config, after, seconds)):
+        by_stage.setdefault((run, level), []).append((b, a))
+    print(f"{'run':<14}{'users':>6}{'seconds':>8}{'sum before':>12}{'sum after':>11}")
+    for (run, level), pairs in sorted(by_stage.items()):
+        n = len(pairs)
+        print(f"{run:<14}{level:>6}{n:>8}{sum(p[0] for p in pairs) / n:>12.3f}"
+              f"{sum(p[1] for p in pairs) / n:>11.3f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("capture", nargs="?", type=Path, default=CAPTURE)
+    ap.add_argument("--variant", default="bf16", choices=sorted(FLAGS))
+    args = ap.parse_args(argv)
+    from servelab.sim.engine.costs import resolve_cost
+
+    config, params, seconds = fit(args.capture, args.variant)
+    before = resolve_cost(config)[0]
+    print(f"{args.variant}: {len(seconds)} busy log seconds")
+    for name in ("eta_bw",) + FITTED + tuple(HOST):
+        print(f"  {name}: {getattr(before, name)} -> {getattr(params, name)}")
+    report(config, before, params, seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO / "src"))
+    sys.exit(main())
