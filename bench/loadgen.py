@@ -6,8 +6,9 @@ stream's first content chunk comes ``--ttft-ms`` after the request, then one chu
 ``--itl-ms``, whatever the load, so any extra spread is the client's (or the server's, which is
 why the reference runs against the same server at the same concurrency).
 
-- reference: one process, non-blocking sockets on ``selectors`` (epoll), no HTTP library, no
-  JSON: it stamps each read and counts content chunks with ``bytes.count``.
+- reference: ``bench/reference_client.py``, the raw-socket client ``bench/tail.py`` holds
+  servelab to: one process, non-blocking sockets on ``selectors`` (epoll), no HTTP library, doing
+  only the measuring work servelab does (framing, SSE lines, per-chunk stamps and token counts).
 - servelab: the real thing, ``locust -f loadtests/locustfile.py`` with a master and ONE worker
   process, every request recorded (spool, shipping, DuckDB), health sampled. Its figures come
   from its own database: TTFT percentiles of each concurrency level's measured window, chunks
@@ -16,8 +17,8 @@ why the reference runs against the same server at the same concurrency).
   gevent's own wake-ups cost per chunk with no parsing at all.
 
 Both face the same workload: the reference starts its streams in the groups Locust starts
-servelab's users in (up to 100 at once, one group a second, earlier levels' users staying), and
-draws the same output lengths. ``fixed`` gives every request ``--tokens`` tokens, so a group's
+servelab's users in (``spawn_groups``: up to 100 at once, one group a second, earlier levels'
+users staying), and draws the same output lengths. ``fixed`` gives every request ``--tokens`` tokens, so a group's
 streams finish and restart together (the worst case for per-request cost); ``varied`` draws them
 uniformly from half to 1.5 times that, so restarts spread out (and fewer chunks arrive together).
 
@@ -33,148 +34,50 @@ Usage: python bench/loadgen.py [--levels 32,64,128,256,384] [--hold 5] [--itl-ms
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
-import random
-import resource
-import selectors
 import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from reference_client import cpu_s, request_maker, spawn_groups  # bench/, first on sys.path
+from reference_client import main as client_main
 from servelab.core import procs
 
 ROOT = Path(__file__).resolve().parents[1]
 CALIBRATION_SERVER = Path(__file__).resolve().with_name("calibration_server.py")
+REFERENCE_CLIENT = Path(__file__).resolve().with_name("reference_client.py")
+GEVENT_FLOOR = "--gevent-floor"   # argv[1] of one level of the gevent floor, in its own process
 CONTENT = b'"content":" tok'
 
 
-# ---- the reference client ---------------------------------------------------------------------
-def reference(url: str, groups: list[int], warmup_s: float, hold_s: float, tokens: str,
-              seed: int = 1) -> dict:
-    """Streams ``sum(groups)`` requests at a time, each restarted as soon as its body ends.
-
-    The streams start in the groups Locust started servelab's users in (``spawn_groups``), one
-    group a second, so with fixed lengths both clients see the same synchronised finishes and
-    restarts. ``tokens`` is ``N`` (every request N output tokens) or ``LO-HI`` (uniform, from a
-    seeded generator)."""
-    host, port = url.split("//", 1)[1].rsplit(":", 1)
-    request = _requests(tokens, seed)
-    sel = selectors.DefaultSelector()
-    wall = time.time
-    t0 = wall()
-    concurrency = sum(groups)
-    start = t0 + len(groups) - 1 + warmup_s
-    stop = start + hold_s
-    firsts, chunks = {}, 0
-    streams = {}
-    send, spawn = _reference_senders(host, int(port), request, sel, streams)
-    cpu0 = None
-    pending, next_spawn = list(groups), t0
-    while True:
-        t = wall()
-        if pending and t >= next_spawn:
-            spawn(pending.pop(0))
-            next_spawn += 1.0
-        if cpu0 is None and t >= start:
-            r = resource.getrusage(resource.RUSAGE_SELF)
-            cpu0, chunks = r.ru_utime + r.ru_stime, 0
-        if t >= stop:
-            break
-        for key, _ in sel.select(timeout=0.05):
-            s = key.fileobj
-            data = s.recv(65536)
-            t = wall()
-            st = streams[s]
-            n = data.count(CONTENT)
-            if n and not st[2]:
-                st[2] = True
-                if st[0] >= start:
-                    firsts[st[1]] = (st[0], t)     # sent, first content chunk (Unix s)
-            chunks += n
-            tail = st[3] + data[-7:]
-            if tail.endswith(b"0\r\n\r\n"):
-                send(s, st)
-            else:
-                st[3] = tail[-7:]
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = r.ru_utime + r.ru_stime - cpu0
-    return {"chunks": chunks, "cpu_s": cpu, "us_per_chunk": 1e6 * cpu / max(chunks, 1),
-            "firsts": firsts}
-
-
-def _reference_senders(host: str, port: int, request, sel, streams: dict):
-    """send(sock, state): the stream's next request, numbered; spawn(n): n new streams in
-    ``streams`` (socket -> [sent, request id, first content seen, the body's last bytes])."""
-    wall = time.time
-    count = [0]
-
-    def send(s, st):
-        count[0] += 1
-        rid = f"ref-{count[0]}"
-        st[:] = [wall(), rid, False, b""]
-        s.send(request(rid))
-
-    def spawn(n):
-        for _ in range(n):
-            s = socket.create_connection((host, port))
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            s.setblocking(False)
-            streams[s] = []
-            sel.register(s, selectors.EVENT_READ)
-            send(s, streams[s])
-
-    return send, spawn
-
-
-def _requests(tokens: str, seed: int):
-    """request(rid) -> the bytes of one streamed chat request; lengths ``N`` or ``LO-HI``."""
-    lo, _, hi = tokens.partition("-")
-    lo, hi = int(lo), int(hi or lo)
-    rng = random.Random(seed)
-    bodies = {}
-
-    def request(rid: str) -> bytes:
-        n = rng.randint(lo, hi)
-        if n not in bodies:
-            bodies[n] = json.dumps({
-                "model": "calibration", "max_tokens": n, "stream": True,
-                "messages": [{"role": "user", "content": "bench"}],
-                "stream_options": {"include_usage": True,
-                                   "continuous_usage_stats": True}}).encode()
-        b = bodies[n]
-        return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: "
-                b"application/json\r\nContent-Length: %d\r\nX-Request-Id: %s\r\n\r\n%s"
-                % (len(b), rid.encode(), b))
-
-    return request
-
-
+# ---- the gevent floor --------------------------------------------------------------------------
 def gevent_reference(url: str, groups: list[int], warmup_s: float, hold_s: float, tokens: str,
                      seed: int = 1) -> dict:
-    """``reference`` on gevent with one greenlet per stream and its blocking ``recv``: what
-    gevent's own wake-up costs per chunk, with no parsing and no recording (``--floor``)."""
+    """The reference's streams (``reference_client.run``'s arguments) on gevent with one
+    greenlet per stream and its blocking ``recv``: what gevent's own wake-up costs per chunk,
+    with no parsing and no recording (``--floor``)."""
     from gevent import monkey
 
     monkey.patch_all()
     import gevent
 
     host, port = url.split("//", 1)[1].rsplit(":", 1)
-    request = _requests(tokens, seed)
+    request = request_maker(tokens, seed)
     wall = time.time
     t0 = wall()
     start = t0 + len(groups) - 1 + warmup_s
     stop = start + hold_s
-    firsts, chunks, count = {}, [0], [0]
+    ttft, chunks, count = {}, [0], itertools.count(1)
 
     def user():
         s = socket.create_connection((host, int(port)))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         while wall() < stop:
-            count[0] += 1
-            rid = f"gev-{count[0]}"
+            rid = f"gev-{next(count)}"
             sent = wall()
             s.sendall(request(rid))
             first, tail = False, b""
@@ -185,7 +88,7 @@ def gevent_reference(url: str, groups: list[int], warmup_s: float, hold_s: float
                 if n and not first:
                     first = True
                     if sent >= start:
-                        firsts[rid] = (sent, t)
+                        ttft[rid] = 1000.0 * (t - sent)
                 if start <= t < stop:
                     chunks[0] += n
                 tail = (tail + data[-7:])[-7:]
@@ -198,27 +101,12 @@ def gevent_reference(url: str, groups: list[int], warmup_s: float, hold_s: float
         gevent.sleep(max(0.0, t0 + i - wall()))
         users += [gevent.spawn(user) for _ in range(n)]
     gevent.sleep(max(0.0, start - wall()))
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    cpu0 = r.ru_utime + r.ru_stime
+    cpu0 = cpu_s()
     gevent.sleep(max(0.0, stop - wall()))
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = r.ru_utime + r.ru_stime - cpu0
+    cpu = cpu_s() - cpu0
     gevent.killall(users, timeout=2)
-    return {"chunks": chunks[0], "cpu_s": cpu, "us_per_chunk": 1e6 * cpu / max(chunks[0], 1),
-            "firsts": firsts}
-
-
-def spawn_groups(levels: list[int], index: int) -> list[int]:
-    """The groups of users started together by the time level ``index`` runs: servelab's shape
-    asks Locust for min(users, 100) users a second (shapes.py) and Locust's dispatcher hands
-    them out in whole-second batches; the users of earlier levels stay."""
-    groups, have = [], 0
-    for level in levels[:index + 1]:
-        step = max(1, min(level, 100))
-        while have < level:
-            groups.append(min(step, level - have))
-            have += groups[-1]
-    return groups
+    return {"ttft_ms": ttft, "chunks": chunks[0], "cpu_s": cpu,
+            "us_per_chunk": 1e6 * cpu / max(chunks[0], 1)}
 
 
 def _q(values, q):
@@ -331,21 +219,22 @@ def servelab_rows(db: Path, records: dict) -> dict[int, dict]:
 
 
 def run_client(kind: str, url: str, groups: list[int], tokens: str, args, tmp: Path) -> dict:
-    """One level of a minimal client (``reference`` or ``gevent``) in its own process."""
+    """One level of a minimal client (``reference``: bench/reference_client.py, or ``gevent``:
+    the floor) in its own process."""
     server_records(url)  # start clean
     out = tmp / f"client-{kind}.out"
+    script = [str(REFERENCE_CLIENT)] if kind == "reference" else [__file__, GEVENT_FLOOR]
     child = procs.spawn(f"the {kind} client", [
-        sys.executable, __file__, "--client", kind, "--url", url, "--groups",
-        ",".join(map(str, groups)), "--warmup", str(args.warmup), "--hold", str(args.hold),
-        "--lengths", tokens], out)
+        sys.executable, *script, "--url", url, "--groups", ",".join(map(str, groups)),
+        "--warmup", str(args.warmup), "--hold", str(args.hold), "--tokens", tokens], out)
     code = child.wait()
     child.stop()
     if code != 0:
         raise SystemExit(f"the {kind} client failed (exit {code}):\n{procs.log_tail(out)}")
     r = json.loads(out.read_text().strip().splitlines()[-1])
     records = server_records(url)
-    ttfts = sorted(1000 * (first - sent) for sent, first in r["firsts"].values())
-    added = added_ttft([(rid, 1000 * (f - s)) for rid, (s, f) in r["firsts"].items()], records)
+    ttfts = sorted(r["ttft_ms"].values())
+    added = added_ttft(r["ttft_ms"].items(), records)
     r.update(ttft_p50=_q(ttfts, 0.5), ttft_p99=_q(ttfts, 0.99), added_p50=_q(added, 0.5),
              added_p99=_q(added, 0.99))
     return r
@@ -418,12 +307,9 @@ def print_workload(levels: list[int], tokens: str, res: dict, repeat: str) -> di
 
 
 def main() -> int:
+    if sys.argv[1:2] == [GEVENT_FLOOR]:
+        return client_main(sys.argv[2:], gevent_reference)
     args = _arguments()
-    if args.client:
-        client = reference if args.client == "reference" else gevent_reference
-        print(json.dumps(client(args.url, [int(x) for x in args.groups.split(",")],
-                                args.warmup, args.hold, args.lengths)))
-        return 0
     levels = [int(x) for x in args.levels.split(",")]
     workloads, chosen = _workloads(args)
     tmp = Path(tempfile.mkdtemp(prefix="servelab-bench-"))
@@ -461,10 +347,6 @@ def _arguments() -> argparse.Namespace:
     ap.add_argument("--floor", action="store_true",
                     help="also run the reference's client on gevent, a greenlet per stream "
                          "(what gevent's wake-ups cost per chunk, without any parsing)")
-    ap.add_argument("--client", choices=("reference", "gevent"), help=argparse.SUPPRESS)
-    ap.add_argument("--url", help=argparse.SUPPRESS)
-    ap.add_argument("--groups", help=argparse.SUPPRESS)
-    ap.add_argument("--lengths", help=argparse.SUPPRESS)
     return ap.parse_args()
 
 

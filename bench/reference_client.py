@@ -7,24 +7,31 @@ framing (so it knows where a body ends), splits SSE lines, stamps each content c
 read's time and takes its token count from the continuous usage (``bytes.find`` and ``int``, as
 servelab's fast path), decodes the other events (role, usage) with ``json.loads``, and keeps
 every request's stamps and counts in memory. It stores, ships and checks nothing, runs no
-Locust and no web UI: what it costs is the floor of a client that measures. It keeps ``--streams``
-closed-loop streams (each restarted as soon as its body ends), started in Locust's groups (at
-most 100 a second), so its figures are the floor servelab's are held against in the same run
-(``bench/tail.py``). Measured over the window from ``--warmup`` after the last group to
-``--hold`` later, for requests sent in it:
+Locust and no web UI: what it costs is the floor of a client that measures. It keeps
+closed-loop streams (each restarted as soon as its body ends), started in the groups Locust
+starts servelab's users in (``spawn_groups``: at most 100 a second, earlier levels' users
+staying), each request ``--tokens`` output tokens (``N``, or ``LO-HI``: uniform, from a seeded
+generator) and named by its ``X-Request-Id`` (``ref-1``, ``ref-2``, ...), so its figures are the
+floor servelab's are held against in the same run (``bench/tail.py``, ``bench/loadgen.py``).
+Measured over the window from ``--warmup`` after the last group to ``--hold`` later, for
+requests sent in it:
 
-- TTFT: send to the first read holding a content chunk;
+- TTFT: send to the first read holding a content chunk, per request id (so a caller can take
+  off the server's own TTFT from its records: the TTFT the client added);
 - ITL gap: between consecutive reads holding content chunks of one stream (further chunks in
   the same read are gaps of 0, as servelab stamps every chunk of a read with the read's time);
 - CPU: this process's user + system time over the window, per content chunk read in it.
 
-Prints one JSON object: ``ttft_ms`` and ``itl_ms`` lists, ``chunks``, ``cpu_s``, ``requests``.
-Run: ``python bench/reference_client.py --url URL --streams N --warmup S --hold S --tokens N``.
+Prints one JSON object: ``ttft_ms`` (request id -> ms), ``itl_ms`` (a list), ``chunks``,
+``cpu_s``, ``us_per_chunk``, ``requests``. Run: ``python bench/reference_client.py --url URL
+(--streams N | --groups N,N,...) --warmup S --hold S --tokens N|LO-HI``.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import random
 import resource
 import selectors
 import socket
@@ -34,21 +41,50 @@ CONTENT = b'"content":"'
 COMPLETION = b'"completion_tokens":'
 
 
-def request_bytes(tokens: int) -> bytes:
-    body = json.dumps({"model": "calibration", "max_tokens": tokens, "stream": True,
-                       "messages": [{"role": "user", "content": "bench"}],
-                       "stream_options": {"include_usage": True,
-                                          "continuous_usage_stats": True}}).encode()
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: "
-            b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+def request_maker(tokens: str, seed: int = 1):
+    """request(rid) -> the bytes of one streamed chat request named ``rid``; its output tokens
+    ``N``, or ``LO-HI`` (uniform, drawn from a generator seeded with ``seed``)."""
+    lo, _, hi = tokens.partition("-")
+    lo, hi = int(lo), int(hi or lo)
+    rng = random.Random(seed)
+    bodies: dict[int, bytes] = {}
+
+    def request(rid: str) -> bytes:
+        n = rng.randint(lo, hi)
+        if n not in bodies:
+            bodies[n] = json.dumps({
+                "model": "calibration", "max_tokens": n, "stream": True,
+                "messages": [{"role": "user", "content": "bench"}],
+                "stream_options": {"include_usage": True,
+                                   "continuous_usage_stats": True}}).encode()
+        b = bodies[n]
+        return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: "
+                b"application/json\r\nContent-Length: %d\r\nX-Request-Id: %s\r\n\r\n%s"
+                % (len(b), rid.encode(), b))
+
+    return request
+
+
+def spawn_groups(levels: list[int], index: int) -> list[int]:
+    """The groups of users started together by the time level ``index`` runs: servelab's shape
+    asks Locust for min(users, 100) users a second (shapes.py) and Locust's dispatcher hands
+    them out in whole-second batches; the users of earlier levels stay."""
+    groups, have = [], 0
+    for level in levels[:index + 1]:
+        step = max(1, min(level, 100))
+        while have < level:
+            groups.append(min(step, level - have))
+            have += groups[-1]
+    return groups
 
 
 class Stream:
-    __slots__ = ("sock", "sent", "first", "last", "measured", "buf", "body", "need", "headers",
-                 "stamps", "tokens", "prev", "usage", "done")
+    __slots__ = ("sock", "rid", "sent", "first", "last", "measured", "buf", "body", "need",
+                 "headers", "stamps", "tokens", "prev", "usage", "done")
 
     def __init__(self, sock):
         self.sock = sock
+        self.rid = ""
         self.sent = self.first = self.last = 0.0
         self.measured = False
         self.reset()
@@ -130,23 +166,24 @@ def cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run(url: str, streams: int, warmup_s: float, hold_s: float, tokens: int) -> dict:
+def run(url: str, groups: list[int], warmup_s: float, hold_s: float, tokens: str,
+        seed: int = 1) -> dict:
+    """``sum(groups)`` streams, a group started each second, measured from ``warmup_s`` after
+    the last group for ``hold_s``; ``tokens`` as ``request_maker``'s."""
     host, port = url.split("//", 1)[1].rsplit(":", 1)
-    payload = request_bytes(tokens)
     sel = selectors.DefaultSelector()
     now = time.time
-    groups = [min(100, streams - i) for i in range(0, streams, 100)]
     t0 = now()
     start = t0 + len(groups) - 1 + warmup_s
     stop = start + hold_s
-    ttft, itl, chunks, requests, kept = [], [], 0, 0, []
+    ttft, itl, chunks, requests, kept = {}, [], 0, 0, []
     cpu_start = cpu_window = None
-    send, spawn = _senders(host, int(port), payload, sel, start, stop)
-    live, next_group = streams, t0
+    send, spawn = _senders(host, int(port), request_maker(tokens, seed), sel, start, stop)
+    pending, live, next_group = list(groups), sum(groups), t0
     while live:
         t = now()
-        if groups and t >= next_group:
-            spawn(groups.pop(0))
+        if pending and t >= next_group:
+            spawn(pending.pop(0))
             next_group += 1.0
         if cpu_start is None and t >= start:
             cpu_start, chunks = cpu_s(), 0
@@ -166,7 +203,7 @@ def run(url: str, streams: int, warmup_s: float, hold_s: float, tokens: int) -> 
                         itl.append(1000.0 * (t - st.last))
                     else:
                         st.first = t
-                        ttft.append(1000.0 * (t - st.sent))
+                        ttft[st.rid] = 1000.0 * (t - st.sent)
                     itl.extend([0.0] * (n - 1))
                 elif not st.first:
                     st.first = t
@@ -183,19 +220,21 @@ def run(url: str, streams: int, warmup_s: float, hold_s: float, tokens: int) -> 
     if cpu_window is None:
         cpu_window = cpu_s() - (cpu_start or 0.0)
     return {"ttft_ms": ttft, "itl_ms": itl, "chunks": chunks, "cpu_s": cpu_window,
-            "requests": requests}
+            "us_per_chunk": 1e6 * cpu_window / max(chunks, 1), "requests": requests}
 
 
-def _senders(host: str, port: int, payload: bytes, sel, start: float, stop: float):
-    """send(stream, t): the next request on a stream (measured when sent inside the window);
-    spawn(n): n new streams, each sending its first request at once."""
+def _senders(host: str, port: int, request, sel, start: float, stop: float):
+    """send(stream, t): the next request on a stream, numbered (measured when sent inside the
+    window); spawn(n): n new streams, each sending its first request at once."""
     now = time.time
+    count = itertools.count(1)
 
     def send(st: Stream, t: float) -> None:
         st.sent, st.first = t, 0.0
         st.reset()
         st.measured = start <= t < stop
-        st.sock.send(payload)
+        st.rid = f"ref-{next(count)}"
+        st.sock.send(request(st.rid))
 
     def spawn(n: int) -> None:
         for _ in range(n):
@@ -209,15 +248,22 @@ def _senders(host: str, port: int, payload: bytes, sel, start: float, stop: floa
     return send, spawn
 
 
-def main() -> int:
+def main(argv=None, client=run) -> int:
+    """The client's command line; ``client`` is ``run`` or one with its signature (the gevent
+    floor of ``bench/loadgen.py``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--url", required=True)
-    ap.add_argument("--streams", type=int, required=True)
+    streams = ap.add_mutually_exclusive_group(required=True)
+    streams.add_argument("--streams", type=int, help="streams, started in Locust's groups")
+    streams.add_argument("--groups", help="the streams started each second, e.g. 100,100,56")
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--hold", type=float, default=20.0)
-    ap.add_argument("--tokens", type=int, default=128)
-    a = ap.parse_args()
-    print(json.dumps(run(a.url, a.streams, a.warmup, a.hold, a.tokens)))
+    ap.add_argument("--tokens", default="128", help="output tokens per request: N or LO-HI")
+    ap.add_argument("--seed", type=int, default=1, help="seed of the LO-HI draws")
+    a = ap.parse_args(argv)
+    groups = ([int(x) for x in a.groups.split(",")] if a.groups
+              else spawn_groups([a.streams], 0))
+    print(json.dumps(client(a.url, groups, a.warmup, a.hold, a.tokens, a.seed)))
     return 0
 
 

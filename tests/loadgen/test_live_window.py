@@ -279,3 +279,35 @@ def test_series_is_bounded_and_json_clean():
 
 # The LLM tab in Chromium (charts drawn from this window through the API, the relabelled stats
 # table, the screenshot) is tests/loadgen/test_web_browser.py's manual ramp.
+
+
+def test_queries_from_many_greenlets_run_one_at_a_time_on_one_thread(monkeypatch):
+    """The status line, the UI's polls and the series ask for figures at the same time; each gets
+    whole figures (one DuckDB connection serves one statement at a time: two at once once gave
+    the run's last status write no row at all, and the run never ended)."""
+    import threading
+
+    import gevent
+
+    from servelab.loadgen.master import live_stats
+
+    threads, busy, overlaps = set(), [0], [0]
+    real = live_stats.LiveDb.figures
+
+    def spy(self, lo, hi, span_s):
+        threads.add(threading.get_ident())
+        busy[0] += 1
+        overlaps[0] = max(overlaps[0], busy[0])
+        try:
+            return real(self, lo, hi, span_s)
+        finally:
+            busy[0] -= 1
+
+    monkeypatch.setattr(live_stats.LiveDb, "figures", spy)
+    stats = live_stats.WindowStats(SLOS)
+    sample = ("chat", None, 100.0, 900.0, 5, [100.0, 300.0, 500.0, 700.0, 900.0], [1] * 5, None)
+    stats.add([sample] * 20, T0)
+    got = [g.value for g in gevent.joinall(
+        [gevent.spawn(stats.figures, int(T0), int(T0) + 1, 1.0) for _ in range(12)])]
+    assert all(f["requests"] == 20 and f["ttft_p50_ms"] == 100.0 for f in got), got
+    assert overlaps[0] == 1 and len(threads) == 1

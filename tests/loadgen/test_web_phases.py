@@ -24,7 +24,7 @@ def phase_card(page) -> dict:
 def test_llm_tab_shows_live_queue_and_prefill_from_the_servers_spans(tmp_path):
     otlp = procs.free_port()
     profile = tmp_path / "plan.yaml"
-    profile.write_text(SHORT_PLAN.replace("hold: 2s", "hold: 6s"))
+    profile.write_text(SHORT_PLAN.read_text().replace("hold: 2s", "hold: 6s"))
     with sim(tmp_path, "--otlp-traces-endpoint", f"http://127.0.0.1:{otlp}/v1/traces") as url, \
             locust_ui(tmp_path, url, str(profile), "--otlp-port", str(otlp)) as (base, db), \
             chromium() as browser, page_on(browser, base + "/", tmp_path / "browser.log") as page:

@@ -32,7 +32,7 @@ import logging
 import re
 
 import duckdb
-import gevent
+from gevent.threadpool import ThreadPool
 import numpy as np
 from gevent.lock import Semaphore
 
@@ -200,6 +200,9 @@ def _concat(parts: list[dict]) -> dict:
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
+EMPTY = (0, 0, 0, None, None, None, None, 0, 0, None, 0, None, None)   # _FIGURES' row, no requests
+
+
 class LiveDb:
     """The window's rows in an in-memory DuckDB; one caller at a time, on any one thread."""
 
@@ -232,7 +235,9 @@ class LiveDb:
 
     def figures(self, lo: int, hi: int, span_s: float) -> dict:
         """The figures of the requests that arrived in seconds [lo, hi), rates over span_s."""
-        return _shape(self.con.execute(_FIGURES, {"lo": lo, "hi": hi}).fetchone(), span_s)
+        # No row at all when the window holds nothing the statement groups: the empty figures
+        row = self.con.execute(_FIGURES, {"lo": lo, "hi": hi}).fetchone()
+        return _shape(row if row is not None else EMPTY, span_s)
 
 
 def _shape(row, span_s: float) -> dict:
@@ -265,7 +270,7 @@ class WindowStats:
     the streams' greenlets run meanwhile). One query at a time; a query folds every batch that
     came before it."""
 
-    EMPTY = (0, 0, 0, None, None, None, None, 0, 0, None, 0, None, None)
+    EMPTY = EMPTY
 
     def __init__(self, slos: dict):
         self.slos = slos
@@ -277,6 +282,7 @@ class WindowStats:
         self._next = 0                      # request numbers, unique in the window
         self._forget: int | None = None     # seconds before this one are past every window
         self._lock = Semaphore()
+        self._pool: ThreadPool | None = None
 
     def add(self, samples: list, t: float) -> None:
         self._pending.append(batch_columns(samples, int(t), self._next, self._code))
@@ -299,8 +305,11 @@ class WindowStats:
             names, self._new_names = self._new_names, []
             forget, self._forget = self._forget, None
             broken = self._broken
-            got = gevent.get_hub().threadpool.apply(
-                self._query, (pending, names, forget, lo, hi, span_s))
+            if self._pool is None:
+                # one native thread of its own: a DuckDB connection serves one statement at a
+                # time, and the hub's shared pool may hand two queries to two threads
+                self._pool = ThreadPool(1)
+            got = self._pool.apply(self._query, (pending, names, forget, lo, hi, span_s))
         if self._broken and not broken:
             log.error("servelab: the live window has no figures: %s", self._broken)
         return got
@@ -320,7 +329,8 @@ class WindowStats:
             if forget is not None:
                 self._db.forget(forget)
             return self._db.figures(lo, hi, span_s)
-        except duckdb.Error as exc:   # the live view goes blank; the stored rows are the result
+        except Exception as exc:  # noqa: BLE001 - the live view goes blank, never the run:
+            # the stored rows are the result
             self._db, self._broken = None, f"{type(exc).__name__}: {exc}"
             return _shape(self.EMPTY, span_s)
 
