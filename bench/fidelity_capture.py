@@ -77,20 +77,26 @@ def stored_profile(con, run: str, work: Path) -> Path | None:
     return path
 
 
+def write_variant(work: Path, variant: str, capture: Path) -> Path:
+    """A variant file that serves the captured model with the captured server's engine flags."""
+    spec = work / f"{variant}.yaml"
+    cc = 8.9 if variant == "fp8" else 8.0
+    weights, acts = CLAIMS.get(variant, (variant, variant))
+    spec.write_text(f"name: {variant}\nmodel: {MODELS.get(variant, MODEL)}\n"
+                    f"serve_args: {json.dumps(serve_args(capture, variant))}\n"
+                    "description: the captured server's engine flags\n"
+                    f"claims: {{weights: {weights}, activations: {acts}, "
+                    f"speculative: null, min_compute_capability: {cc}}}\n")
+    return spec
+
+
 def predict_run(profile: Path, args, work: Path, capture: Path) -> dict:
     import duckdb
 
     from servelab.orchestration.predict import predict
     from servelab.specs.variants import load_variant
 
-    spec = work / f"{args.variant}.yaml"
-    cc = 8.9 if args.variant == "fp8" else 8.0
-    weights, acts = CLAIMS.get(args.variant, (args.variant, args.variant))
-    spec.write_text(f"name: {args.variant}\nmodel: {MODELS.get(args.variant, MODEL)}\n"
-                    f"serve_args: {json.dumps(serve_args(capture, args.variant))}\n"
-                    "description: the captured server's engine flags\n"
-                    f"claims: {{weights: {weights}, activations: {acts}, "
-                    f"speculative: null, min_compute_capability: {cc}}}\n")
+    spec = write_variant(work, args.variant, capture)
     db = work / f"{profile.stem}.duckdb"
     res = predict(load_variant(spec), args.hardware, profile, db)
     con = duckdb.connect(str(db), read_only=True)

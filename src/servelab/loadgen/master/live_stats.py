@@ -38,6 +38,7 @@ from gevent.lock import Semaphore
 
 from servelab.core.paths import analysis_dir
 from servelab.core.quantiles import quantiles_cont
+from servelab.loadgen.master.writer import yield_core_to_the_loop
 # the store's sketch bucket of a value, the one the writer files every gap under
 from servelab.store.db import _bucket
 
@@ -317,6 +318,9 @@ class WindowStats:
     def _query(self, pending, names, forget, lo, hi, span_s) -> dict:
         # On the threadpool's thread: DuckDB and numpy only (no logging: under Locust its locks
         # are gevent's, which belong to the event loop's thread).
+        # Its queries wait for the loop's idle time, as the writer's do (a syscall a query, so a
+        # thread the pool starts anew is lowered too).
+        yield_core_to_the_loop()
         if self._db is None and not self._broken:
             try:
                 self._db = LiveDb(self.slos)
