@@ -18,8 +18,8 @@ shows what is happening now), never in how they are computed:
   attainment = slo_met / requests (failures included); a dropped arrival is no request.
 
 Cost: the event loop only turns a batch's samples into a few numpy columns (``batch_columns``),
-less than its numpy arithmetic took before; the rest runs in DuckDB on gevent's threadpool
-(``WindowStats``: a native thread, DuckDB releases the GIL). Each batch is folded once into
+less than its numpy arithmetic took before; the rest runs in DuckDB on a gevent ThreadPool of
+one native thread at the writer's lower priority (``WindowStats``; DuckDB releases the GIL). Each batch is folded once into
 per-request rows and per-second sketch bins, and a window's figures read those few rows; at 256
 streams about 30 ms of CPU a second off the event loop, 2 ms on it (bench/live_window_cost.py).
 
@@ -267,8 +267,8 @@ def _shape(row, span_s: float) -> dict:
 
 class WindowStats:
     """The live window's requests and its figures: a batch is turned into columns on arrival
-    (the event loop), folded and queried in DuckDB on gevent's threadpool (a native thread, so
-    the streams' greenlets run meanwhile). One query at a time; a query folds every batch that
+    (the event loop), folded and queried in DuckDB on a pool of one native thread (so the
+    streams' greenlets run meanwhile). One query at a time; a query folds every batch that
     came before it."""
 
     EMPTY = EMPTY
