@@ -7,17 +7,18 @@ import math
 import random
 
 import duckdb
+import numpy as np
 import orjson
 import pytest
 
 from servelab.analysis.views import open_results_db
 from servelab.loadgen.master.live import LiveWindow
-from servelab.loadgen.master.live_stats import MACROS, LiveDb
+from servelab.loadgen.master.live_stats import bin_values, sketch_bins
 from servelab.loadgen.master.scraper import metric_rows, server_figures, server_state
-from servelab.loadgen.messages import StageMessage
 from servelab.loadgen.worker.recorder import _live_sample
+from servelab.loadgen.messages import StageMessage
 from servelab.store import runs as run_flags
-from servelab.store.db import Store
+from servelab.store.db import SKETCH_GAMMA, Store, _bucket
 from servelab.store.rows import ClassRow, HealthRow, RequestRow, RunRow, StageRow
 
 T0 = 1_700_000_000.0
@@ -79,13 +80,12 @@ def stored(tmp_path_factory):
     store.close()
 
 
-def _live(rows, spread: bool = False) -> dict:
+def _live(rows) -> dict:
     clock = Clock(T0)
     live = LiveWindow(SLOS, window_s=WINDOW, clock=clock)
     samples = [_live_sample(r) for r in rows]
     clock.t = T0 + 70
-    for i in range(0, len(samples), 16):        # as batches (spread: one every 0.7 s)
-        clock.t = T0 + 70 + (0.7 * i / 16 if spread else 0.0)
+    for i in range(0, len(samples), 16):        # as batches
         live.add(samples[i:i + 16])
     clock.t = T0 + WINDOW
     return live.figures()
@@ -102,12 +102,9 @@ def _same(a, b) -> bool:
     return a == pytest.approx(b, rel=1e-9, abs=1e-9)
 
 
-@pytest.mark.parametrize("spread", [False, True], ids=["one_second", "over_seconds"])
-def test_live_figures_agree_with_stage_summary(stored, spread):
-    """The live window (its in-memory DuckDB, the views' macros) and stage_summary over the
-    same requests give the same figures, whether the batches came in one second or several."""
+def test_live_figures_agree_with_stage_summary(stored):
     con, rows = stored
-    live = _live(rows, spread)
+    live = _live(rows)
     cur = con.execute("SELECT * FROM stage_summary WHERE run_id = 'r' ORDER BY class_name")
     names = [d[0] for d in cur.description]
     sql = {r["class_name"]: r for r in (dict(zip(names, row)) for row in cur.fetchall())}
@@ -227,35 +224,19 @@ def test_saturation_rule_at_its_limits(tmp_path):
         == [(True, "generator"), (False, "host")]
 
 
-def test_the_live_database_has_the_views_own_macros(stored):
-    """The live window's per-request definitions (TPOT, slo_met, chunk weight, a sketch bucket's
-    value) are the macros the installed views use, read from the same analysis files."""
+def test_live_sketch_buckets_are_the_stores(stored):
+    """live_stats buckets a gap and reads a bucket back as the store's SQL (store/db.py's
+    bucket expression, the views' servelab_sketch_value) does, at the edges too."""
     con, _ = stored
-    live = LiveDb(SLOS).con
-    sql = "SELECT macro_definition FROM duckdb_functions() WHERE function_name = ?"
-    for name in MACROS:
-        assert live.execute(sql, [name]).fetchall() == con.execute(sql, [name]).fetchall() != []
-    live.close()
-
-
-def test_the_figures_are_computed_off_the_calling_thread(stored, monkeypatch):
-    """The SQL runs on gevent's threadpool: the event loop that reads the streams only hands
-    it the batches' columns (and waits in the hub, where the other greenlets run)."""
-    import threading
-
-    from servelab.loadgen.master import live_stats
-
-    _, rows = stored
-    seen = []
-    real = live_stats.LiveDb.figures
-
-    def spy(self, lo, hi, span_s):
-        seen.append(threading.get_ident())
-        return real(self, lo, hi, span_s)
-
-    monkeypatch.setattr(live_stats.LiveDb, "figures", spy)
-    assert _live(rows)["requests"] > 100
-    assert seen and threading.get_ident() not in seen
+    values = [0.0, 1e-7, 3e-4, 0.5, 1.0, 20.0, 7.5e6, -5.0, -1e-3,
+              *(SKETCH_GAMMA ** k for k in (-300, -7, 1, 2, 50, 400))]
+    (sql_bins,) = con.execute(f"SELECT list_transform(?::DOUBLE[], v -> {_bucket('v')})",
+                              [values]).fetchone()
+    live_bins = sketch_bins(np.array(values))
+    assert live_bins.tolist() == sql_bins
+    (sql_values,) = con.execute("SELECT list_transform(?::INTEGER[], b -> "
+                                "servelab_sketch_value(b))", [sql_bins]).fetchone()
+    assert bin_values(live_bins).tolist() == pytest.approx(sql_values, rel=1e-12)
 
 
 def test_series_is_bounded_and_json_clean():
@@ -279,35 +260,3 @@ def test_series_is_bounded_and_json_clean():
 
 # The LLM tab in Chromium (charts drawn from this window through the API, the relabelled stats
 # table, the screenshot) is tests/loadgen/test_web_browser.py's manual ramp.
-
-
-def test_queries_from_many_greenlets_run_one_at_a_time_on_one_thread(monkeypatch):
-    """The status line, the UI's polls and the series ask for figures at the same time; each gets
-    whole figures (one DuckDB connection serves one statement at a time: two at once once gave
-    the run's last status write no row at all, and the run never ended)."""
-    import threading
-
-    import gevent
-
-    from servelab.loadgen.master import live_stats
-
-    threads, busy, overlaps = set(), [0], [0]
-    real = live_stats.LiveDb.figures
-
-    def spy(self, lo, hi, span_s):
-        threads.add(threading.get_ident())
-        busy[0] += 1
-        overlaps[0] = max(overlaps[0], busy[0])
-        try:
-            return real(self, lo, hi, span_s)
-        finally:
-            busy[0] -= 1
-
-    monkeypatch.setattr(live_stats.LiveDb, "figures", spy)
-    stats = live_stats.WindowStats(SLOS)
-    sample = ("chat", None, 100.0, 900.0, 5, [100.0, 300.0, 500.0, 700.0, 900.0], [1] * 5, None)
-    stats.add([sample] * 20, T0)
-    got = [g.value for g in gevent.joinall(
-        [gevent.spawn(stats.figures, int(T0), int(T0) + 1, 1.0) for _ in range(12)])]
-    assert all(f["requests"] == 20 and f["ttft_p50_ms"] == 100.0 for f in got), got
-    assert overlaps[0] == 1 and len(threads) == 1

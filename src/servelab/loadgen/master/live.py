@@ -1,8 +1,7 @@
 """The master's live window: the figures of the last ten seconds, and a time series of them since
 the run began (one point per ``step_s``, memory bounded), for the web UI's LLM tab, the JSON API,
 the status file and the progress line. The stored rows, not these, are the run's result; the
-figures are computed by the views' own SQL in an in-memory DuckDB, off the event loop
-(``live_stats``).
+arithmetic and its definitions are ``live_stats``'s (the SQL views' own).
 
 Requests count when their batch reaches the master (a worker ships every 0.25 s), so the window
 needs no clock agreement between hosts. Generator health comes from the last health row of each
@@ -15,7 +14,6 @@ queue and prefill times from the server's own spans as the master's receiver get
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import deque
 
@@ -24,7 +22,7 @@ import gevent
 import orjson
 
 from servelab.loadgen.messages import StageMessage
-from servelab.loadgen.master.live_stats import WindowStats, quantile
+from servelab.loadgen.master.live_stats import Bucket, add_samples, figures, quantile
 from servelab.loadgen.master.scraper import server_figures
 from servelab.store.runs import CPU_LIMIT, HEALTH_COLUMNS, LOOP_LAG_LIMIT_MS, judge_medians
 
@@ -34,7 +32,6 @@ log = logging.getLogger("servelab.loadgen")
 BATCHES_KEPT = 1000         # batch numbers remembered per worker (a resend comes after 5 s)
 MAX_POINTS = 1800           # then every other point goes and the step doubles
 MIN_HEALTH_SAMPLES = 3      # one slow second (a spawn burst) is no verdict
-FIGURES_MAX_AGE_S = 1.0     # the status line's and the UI's "now" figures, at most this old
 SERIES = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
           "output_tokens_per_s", "requests_per_s", "errors_per_s", "goodput", "slo_attainment")
 HEADLINE = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms",
@@ -85,10 +82,7 @@ class LiveWindow:
         self.started_unix = clock()
         self.errors = 0                 # over the whole run (the status file's count)
         self.errors_by_kind: dict[str, int] = {}
-        self._stats = WindowStats(self.slos)     # the requests, in DuckDB: the views' SQL
-        self._seconds: set[int] = set()          # arrival seconds that hold requests
-        self._added = 0                          # batches added: a cached figure's version
-        self._figures = None                     # (key, computed at, figures) of the last query
+        self._buckets: dict[int, Bucket] = {}
         self._batches: dict[str, set] = {}       # worker -> batch numbers seen
         self._next_point = self.started_unix + step_s
         self.series: dict[str, list] = {k: [] for k in ("t_unix", *SERIES, *SERVER_SERIES,
@@ -146,10 +140,12 @@ class LiveWindow:
         if not samples:
             return
         t = self.clock() if t is None else t
-        self.tick(t)   # a point due before these requests came is drawn without them
-        self._stats.add(samples, t)
-        self._added += 1
-        self._seconds.add(int(t))
+        self.tick(t)
+        key = int(t)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = Bucket()
+        add_samples(bucket, samples, self.slos)
         for s in samples:
             if s[1] is not None and s[7] != "dropped":
                 self.errors += 1
@@ -224,24 +220,20 @@ class LiveWindow:
         return sum(latest) if latest else None
 
     # ---- output ---------------------------------------------------------------------------
-    def figures(self, now: float | None = None, max_age_s: float = 0.0) -> dict:
-        """The last window's request figures (a JSON-able dict, None where nothing counted):
-        the requests of every arrival second that overlaps (now - window_s, now). ``max_age_s``:
-        figures computed that recently will do (one DuckDB query a second serves the status
-        line and the UI's polls alike)."""
+    def _window(self, now: float, span: float) -> tuple[list[Bucket], float]:
+        lo = now - span
+        chosen = [b for k, b in self._buckets.items() if k + 1 > lo and k < now]
+        return chosen, max(min(span, now - self.started_unix), 1e-9)
+
+    def figures(self, now: float | None = None) -> dict:
+        """The last window's request figures (a JSON-able dict, None where nothing counted)."""
         now = self.clock() if now is None else now
-        span = max(min(self.window_s, now - self.started_unix), 1e-9)
-        key = (math.floor(now - self.window_s - 1) + 1, math.ceil(now), span, self._added)
-        cached = self._figures
-        if cached is not None and (cached[0] == key or 0 <= now - cached[1] <= max_age_s):
-            return dict(cached[2])
-        fig = self._stats.figures(key[0], key[1], span)
-        self._figures = (key, now, fig)
-        return dict(fig)
+        buckets, span = self._window(now, self.window_s)
+        return figures(buckets, span)
 
     def headline(self) -> dict:
         """The status file's and the progress line's few figures of the last window."""
-        fig = self.figures(max_age_s=FIGURES_MAX_AGE_S)
+        fig = self.figures()
         return {k: fig[k] for k in HEADLINE} | {"in_flight": self.in_flight()}
 
     def tick(self, now: float | None = None) -> None:
@@ -250,15 +242,13 @@ class LiveWindow:
         while self._next_point <= now:
             self._point(self._next_point)
             self._next_point += self.step_s
-        horizon = math.ceil(now - self.window_s - 2 * self.step_s - 1)
-        old = [k for k in self._seconds if k < horizon]
-        if old:
-            self._seconds.difference_update(old)
-            self._stats.forget_before(horizon)
+        horizon = now - self.window_s - 2 * self.step_s - 1
+        for k in [k for k in self._buckets if k < horizon]:
+            del self._buckets[k]
 
     def _point(self, t: float) -> None:
-        # the arrival seconds in [t - step_s, t)
-        fig = self._stats.figures(math.ceil(t - self.step_s), math.ceil(t), self.step_s)
+        buckets = [b for k, b in self._buckets.items() if t - self.step_s <= k < t]
+        fig = figures(buckets, self.step_s)
         s = self.series
         s["t_unix"].append(t)
         for key in SERIES:
@@ -298,7 +288,7 @@ class LiveWindow:
         first = 0 if since is None else next((i for i, x in enumerate(t) if x > since), len(t))
         workers = dict(self._verdicts)
         server = server_figures(list(self.scrapes))
-        fig = self.figures(now, max_age_s=FIGURES_MAX_AGE_S)
+        fig = self.figures(now)
         fig["users"] = self.users() if self.users is not None else None
         fig["in_flight"] = self.in_flight()
         return {

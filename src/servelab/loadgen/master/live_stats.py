@@ -1,342 +1,229 @@
-"""The live window's figures, computed by the SQL views' own definitions in an in-memory DuckDB.
+"""The live window's arithmetic: the per-request metrics of a batch of workers' samples, gathered
+in one-second buckets, and the figures of a set of buckets.
 
-A figure here and the stored stage's figure differ only in which requests they count (here:
-those whose batch reached the master in the window, warm-up included, because the live view
-shows what is happening now), never in how they are computed:
+Every definition is the SQL views' own (README "Metrics"; analysis/10_request_metrics.sql,
+22_itl_tokens.sql, 25_itl_stage_quantiles.sql, 30_stage_summary.sql), so a live figure and the
+stored stage's figure differ only in which requests they count (here: those that finished in the
+window, warm-up included, because the live view shows what is happening now):
 
-- per request: k_i = ``servelab_chunk_weight`` (analysis/10's macro), g_i = offset_i -
-  offset_{i-1}, the worst per-token gap max g_i / k_i and the chunk token total as store.db's
-  REQUEST_SCALARS define them; TPOT and slo_met are analysis/10's macros ``servelab_tpot_ms``
-  and ``servelab_slo_met``, with which request_metrics computes its own columns; an ITL sample
-  g_i / k_i (counted k_i times) goes into store.db's sketch bucket (``_bucket``, the writer's)
-  and reads back as analysis/25's ``servelab_sketch_value``. The macros are read from the
-  analysis files themselves (``shared_macros``), so an edit there changes both.
-- over the window: quantile_cont for TTFT, TPOT, E2E (stage_summary's), and the ITL token view's
-  percentiles read from the merged sketch as itl_stage_quantiles reads it (the order statistics
-  at floor(h) and floor(h) + 1, h = (samples - 1) q, interpolated); output tokens =
-  coalesce(usage, chunk tokens) of every request with chunks; goodput = slo_met requests / s,
-  attainment = slo_met / requests (failures included); a dropped arrival is no request.
-
-Cost: the event loop only turns a batch's samples into a few numpy columns (``batch_columns``),
-less than its numpy arithmetic took before; the rest runs in DuckDB on a gevent ThreadPool of
-one native thread at the writer's lower priority (``WindowStats``; DuckDB releases the GIL). Each batch is folded once into
-per-request rows and per-second sketch bins, and a window's figures read those few rows; at 256
-streams about 30 ms of CPU a second off the event loop, 2 ms on it (bench/live_window_cost.py).
+- ok = no error_kind; a dropped open-loop arrival is no request (counted in ``dropped``).
+- TTFT, TPOT = (E2E - TTFT) / (output_tokens - 1), E2E: percentiles (quantile_cont) over ok ones.
+- ITL = the token view: each chunk gap g_i spread over the k_i tokens of the later chunk, pooled
+  over ok requests, percentiles read from the same DDSketch buckets (1 %) as itl_stage_quantiles
+  (store/db.py's SKETCH_* constants).
+- output tokens: coalesce(usage output_tokens, the chunks' token count) of every request.
+- slo_met = ok and every SLO its class sets is met (TTFT, TPOT, worst per-token gap, E2E);
+  goodput = slo_met requests / s; SLO attainment = slo_met / requests (failures included).
 
 A sample is what ``worker/recorder.py`` ships per request: (class_name, error_kind, ttft_ms,
 e2e_ms, output_tokens, chunk_offsets_ms, chunk_tokens, arrival_status).
 """
 from __future__ import annotations
 
-import logging
-import re
+import math
+from collections import Counter
 
-import duckdb
-from gevent.threadpool import ThreadPool
 import numpy as np
-from gevent.lock import Semaphore
 
-from servelab.core.paths import analysis_dir
 from servelab.core.quantiles import quantiles_cont
-from servelab.loadgen.master.writer import yield_core_to_the_loop
-# the store's sketch bucket of a value, the one the writer files every gap under
-from servelab.store.db import _bucket
+from servelab.store.db import SKETCH_GAMMA, SKETCH_NEGATIVE_BASE, SKETCH_ZERO_BIN
 
-log = logging.getLogger("servelab.loadgen")
+GAMMA = SKETCH_GAMMA
+_LN_GAMMA = math.log(GAMMA)
+ZERO_BIN = SKETCH_ZERO_BIN  # the bucket of a 0 gap
 QS = (0.5, 0.99)
-MACROS = ("servelab_chunk_weight", "servelab_tpot_ms", "servelab_slo_met",
-          "servelab_sketch_value")
-_MACRO = re.compile(r"^CREATE OR REPLACE MACRO (\w+)\(.*?;$", re.MULTILINE | re.DOTALL)
-
-_TABLES = """
-CREATE TABLE live_names (code BIGINT, name VARCHAR);
-CREATE TABLE live_classes (name VARCHAR, slo_ttft_ms DOUBLE, slo_tpot_ms DOUBLE,
-                           slo_itl_ms DOUBLE, slo_e2e_ms DOUBLE);
-CREATE TABLE live_requests (sec BIGINT, cls VARCHAR, error_kind VARCHAR, dropped BOOLEAN,
-                            ok BOOLEAN, ttft_ms DOUBLE, e2e_ms DOUBLE, tpot_ms DOUBLE,
-                            usage_tokens DOUBLE, slo_met BOOLEAN);
-CREATE TABLE live_itl (sec BIGINT, bin INTEGER, n BIGINT);
-"""
-# A batch's chunks, one row each in request order (``prev`` the row before's offset, ``pos`` 0
-# on a request's first chunk): k_i = servelab_chunk_weight(chunk_tokens[i]) and, from the second
-# chunk on, g_i = offset_i - offset_{i-1}, as store.db's REQUEST_SCALARS and ITL sketches take
-# them from a row's lists. Hash aggregates over flat rows: rebuilding each request's lists to run
-# the writer's list expressions cost 4x more (a sort per batch).
-_GAPS = """SELECT req, servelab_chunk_weight(CAST(tok AS INTEGER)) AS k,
-       CASE WHEN pos > 0 THEN off - prev END AS g
-FROM live_chunks_in"""
-# Two statements a fold (each costs a millisecond or two however few its rows): the batch's
-# requests with their names, and its sketch bins.
-_FOLD = f"""
-INSERT INTO live_requests
-WITH gaps AS ({_GAPS})
-SELECT r.sec, n.name, e.name, r.dropped, r.err < 0, r.ttft_ms, r.e2e_ms,
-       servelab_tpot_ms(r.e2e_ms, r.ttft_ms, r.output_tokens),
-       CASE WHEN p.chunk_count > 0 THEN coalesce(r.output_tokens, p.chunk_token_sum) END,
-       servelab_slo_met(r.err < 0, r.ttft_ms, r.e2e_ms, r.output_tokens,
-                        p.gap_token_max_ms, c.slo_ttft_ms, c.slo_tpot_ms, c.slo_itl_ms,
-                        c.slo_e2e_ms)
-FROM live_requests_in r
-JOIN live_names n ON n.code = r.cls
-LEFT JOIN live_names e ON e.code = r.err
-LEFT JOIN (SELECT req, count(*) AS chunk_count, CAST(sum(k) AS DOUBLE) AS chunk_token_sum,
-                  max(g / k) AS gap_token_max_ms           -- the worst per-token gap
-           FROM gaps GROUP BY req) p ON p.req = r.req
-LEFT JOIN live_classes c ON c.name = n.name;
--- the token view's sketch: g_i / k_i counted k_i times, over completed requests
-INSERT INTO live_itl
-WITH gaps AS ({_GAPS})
-SELECT r.sec, b.bin, sum(b.k) FROM (
-    SELECT req, k, {_bucket("g / k")} AS bin FROM gaps WHERE g IS NOT NULL
-) b JOIN live_requests_in r ON r.req = b.req
-WHERE r.err < 0 AND NOT r.dropped AND b.bin IS NOT NULL
-GROUP BY r.sec, b.bin;
-"""
-# The window's figures in one statement: stage_summary's aggregates over the window's requests,
-# and itl_stage_quantiles' reading of the merged sketch (the order statistics at floor(h) and
-# floor(h) + 1, h = (samples - 1) q, each read from its bucket, interpolated).
-_FIGURES = """
-WITH r AS (SELECT * FROM live_requests WHERE sec >= $lo AND sec < $hi),
-totals AS (
-    SELECT count(*) AS requests, count(*) FILTER (WHERE ok) AS completed,
-           count(*) FILTER (WHERE NOT ok) AS errors,
-           histogram(error_kind) FILTER (WHERE NOT ok) AS errors_by_kind,
-           quantile_cont(ttft_ms, [0.5, 0.99]) FILTER (WHERE ok) AS ttft_q,
-           quantile_cont(tpot_ms, 0.5) FILTER (WHERE ok) AS tpot_p50,
-           quantile_cont(e2e_ms, 0.5) FILTER (WHERE ok) AS e2e_p50,
-           coalesce(sum(usage_tokens), 0) AS tokens, count(*) FILTER (WHERE slo_met) AS slo_met
-    FROM r WHERE NOT dropped
-),
-classes AS (
-    SELECT list({'cls': cls, 'n': n, 'met': met} ORDER BY cls) FILTER (WHERE n > 0) AS classes,
-           coalesce(sum(dropped), 0) AS dropped
-    FROM (SELECT cls, count(*) FILTER (WHERE NOT dropped) AS n,
-                 count(*) FILTER (WHERE slo_met) AS met, count(*) FILTER (WHERE dropped) AS dropped
-          FROM r GROUP BY cls)
-),
-bins AS (
-    SELECT bin, sum(n) AS n FROM live_itl WHERE sec >= $lo AND sec < $hi GROUP BY bin
-),
-cumulative AS (
-    SELECT *, sum(n) OVER (ORDER BY bin ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - n
-              AS before, sum(n) OVER () AS total
-    FROM bins
-),
-positions AS (
-    SELECT q.q, (w.total - 1) * q.q AS h,
-           unnest([floor((w.total - 1) * q.q),
-                   least(floor((w.total - 1) * q.q) + 1, w.total - 1)]) AS pos
-    FROM (SELECT DISTINCT total FROM cumulative) w
-    CROSS JOIN (SELECT unnest([0.5, 0.99]::DOUBLE[]) AS q) q
-),
-located AS (
-    SELECT p.q, p.h, p.pos, servelab_sketch_value(c.bin) AS value
-    FROM positions p JOIN cumulative c ON p.pos >= c.before AND p.pos < c.before + c.n
-),
-itl AS (
-    SELECT max(value) FILTER (WHERE q = 0.5) AS itl_p50,
-           max(value) FILTER (WHERE q = 0.99) AS itl_p99
-    FROM (SELECT q, arg_min(value, pos) + (arg_max(value, pos) - arg_min(value, pos))
-                    * (any_value(h) - min(pos)) AS value
-          FROM located GROUP BY q)
-)
-SELECT * FROM totals, classes, itl
-"""
+# A bucket's ITL sketch is a dense histogram over the bins of gaps from 1e-3 ms to 1e7 ms (the
+# others, 0 and negative gaps included, in a Counter): adding a batch is one bincount, and a
+# window's figure sums ten small arrays. Sorting the pooled bins instead (np.unique) took 20-50
+# ms a second at 256 streams, in the event loop the streams are read in: it doubled ITL p99.
+DENSE_LO = -400
+DENSE_SPAN = 1300
 
 
-def shared_macros(names=MACROS, folder=None) -> list[str]:
-    """The ``CREATE OR REPLACE MACRO`` statements of ``names`` from analysis/*.sql, in file
-    order (a macro may call an earlier one)."""
-    found: dict[str, str] = {}
-    for path in sorted((folder or analysis_dir()).glob("[0-9]*_*.sql")):
-        for m in _MACRO.finditer(path.read_text(encoding="utf-8")):
-            if m.group(1) in names:
-                found[m.group(1)] = m.group(0)
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise LookupError(f"analysis/*.sql defines no macro {', '.join(missing)}")
-    return [found[n] for n in names]
+class Bucket:
+    """What the requests reported in one second contribute to the figures."""
+
+    __slots__ = ("requests", "completed", "dropped", "errors", "ttft", "tpot", "e2e", "itl_hist",
+                 "itl_other", "output_tokens", "slo_met", "classes")
+
+    def __init__(self):
+        self.requests = self.completed = self.dropped = self.slo_met = 0
+        self.errors: Counter = Counter()
+        self.ttft: list[float] = []
+        self.tpot: list[float] = []
+        self.e2e: list[float] = []
+        self.itl_hist: np.ndarray | None = None   # bin - DENSE_LO -> samples
+        self.itl_other: Counter = Counter()        # bins outside the dense range -> samples
+        self.output_tokens = 0.0
+        self.classes: dict[str, list[int]] = {}   # class -> [requests, slo_met]
 
 
-def batch_columns(samples: list, sec: int, first: int, code) -> tuple[dict, dict]:
-    """One batch's samples as the numpy columns LiveDb folds: the event loop's whole share, a
-    few passes over the batch's lists (chunk offsets joined once and converted once). Class
-    names and error kinds go as ``code(name)``'s numbers (-1: none): DuckDB reads a column of
-    Python strings 20x slower than a batch's numbers."""
-    n = len(samples)
-    lens = [len(s[5]) if s[5] else 0 for s in samples]
-    offsets: list = []
-    for s, k in zip(samples, lens):
-        if k:
-            offsets += s[5]
-    counts = np.asarray(lens, dtype=np.int64)
-    ends = np.cumsum(counts)
-    total = int(ends[-1]) if n else 0
-    tok = np.ones(total)
-    for s, k, end in zip(samples, lens, ends.tolist()):
-        t = s[6]
-        # the usual case, one token per chunk, costs a C-level count and no conversion; a chunk
-        # past its counts has none (NaN: NULL in DuckDB, weight 1 as chunk_tokens[i] past the end)
-        if k and not (t and len(t) == k and t.count(1) == k):
-            t = list(t or ())[:k]
-            tok[end - k:end] = np.array(t + [None] * (k - len(t)), dtype=np.float64)
-    off = np.array(offsets, dtype=np.float64)
-    ids = np.arange(first, first + n)
-    requests = {
-        "sec": np.full(n, sec, dtype=np.int64), "req": ids,
-        "cls": np.array([code(s[0] or "(none)") for s in samples], dtype=np.int64),
-        "err": np.array([-1 if s[1] is None else code(s[1]) for s in samples], dtype=np.int64),
-        "ttft_ms": np.array([s[2] for s in samples], dtype=np.float64),
-        "e2e_ms": np.array([s[3] for s in samples], dtype=np.float64),
-        "output_tokens": np.array([s[4] for s in samples], dtype=np.float64),
-        "dropped": np.array([s[7] == "dropped" for s in samples], dtype=bool)}
-    starts = np.repeat(ends - counts, counts)
-    # prev: the row before's offset (a shift, so that SQL takes each gap without a sort)
-    chunks = {"req": np.repeat(ids, counts), "pos": np.arange(total) - starts, "off": off,
-              "prev": np.concatenate(([np.nan], off[:-1])) if total else off, "tok": tok}
-    return requests, chunks
+def sketch_bins(v: np.ndarray) -> np.ndarray:
+    """store/db.py's bucket of each finite value: ceil(log_gamma v), 0 -> ZERO_BIN, v < 0 below."""
+    out = np.full(v.shape, ZERO_BIN, dtype=np.int64)
+    pos, neg = v > 0, v < 0
+    out[pos] = np.ceil(np.log(v[pos]) / _LN_GAMMA)
+    out[neg] = SKETCH_NEGATIVE_BASE - np.ceil(np.log(-v[neg]) / _LN_GAMMA)
+    return out
 
 
-def _concat(parts: list[dict]) -> dict:
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+def bin_values(bins: np.ndarray) -> np.ndarray:
+    """servelab_sketch_value: the value a bucket stands for (2 gamma^i / (gamma + 1))."""
+    b = bins.astype(np.float64)
+    return np.where(bins == ZERO_BIN, 0.0,
+                    np.where(bins < ZERO_BIN,
+                             -2 * GAMMA ** (SKETCH_NEGATIVE_BASE - b) / (GAMMA + 1),
+                             2 * GAMMA ** np.minimum(b, 1e6) / (GAMMA + 1)))
 
 
-EMPTY = (0, 0, 0, None, None, None, None, 0, 0, None, 0, None, None)   # _FIGURES' row, no requests
+def add_itl(bucket: Bucket, bins: np.ndarray, counts: np.ndarray) -> None:
+    """Samples (bins, counts) into the bucket's histogram."""
+    i = bins - DENSE_LO
+    dense = (i >= 0) & (i < DENSE_SPAN)
+    hist = np.bincount(i[dense], weights=counts[dense], minlength=DENSE_SPAN)
+    bucket.itl_hist = hist if bucket.itl_hist is None else bucket.itl_hist + hist
+    if not dense.all():
+        for b, c in zip(bins[~dense].tolist(), counts[~dense].tolist()):
+            bucket.itl_other[b] += c
 
 
-class LiveDb:
-    """The window's rows in an in-memory DuckDB; one caller at a time, on any one thread."""
-
-    def __init__(self, slos: dict, folder=None):
-        self.con = duckdb.connect(config={"threads": 1})
-        for sql in shared_macros(folder=folder):
-            self.con.execute(sql)
-        self.con.execute(_TABLES)
-        if slos:
-            self.con.executemany("INSERT INTO live_classes VALUES (?, ?, ?, ?, ?)",
-                                 [[c, *s] for c, s in slos.items()])
-
-    def fold(self, batches: list[tuple[dict, dict]], names: list[tuple[int, str]] = ()) -> None:
-        """Batches (``batch_columns``) into per-request rows and per-second sketch bins;
-        ``names``: the codes first used since the last fold."""
-        con = self.con
-        if names:
-            con.executemany("INSERT INTO live_names VALUES (?, ?)", [list(n) for n in names])
-        if not batches:
-            return
-        con.register("live_requests_in", _concat([b[0] for b in batches]))
-        con.register("live_chunks_in", _concat([b[1] for b in batches]))
-        con.execute(_FOLD)
-        con.unregister("live_requests_in")
-        con.unregister("live_chunks_in")
-
-    def forget(self, before: int) -> None:
-        self.con.execute("DELETE FROM live_requests WHERE sec < ?", [before])
-        self.con.execute("DELETE FROM live_itl WHERE sec < ?", [before])
-
-    def figures(self, lo: int, hi: int, span_s: float) -> dict:
-        """The figures of the requests that arrived in seconds [lo, hi), rates over span_s."""
-        # No row at all when the window holds nothing the statement groups: the empty figures
-        row = self.con.execute(_FIGURES, {"lo": lo, "hi": hi}).fetchone()
-        return _shape(row if row is not None else EMPTY, span_s)
+def itl_quantiles(buckets: list[Bucket], qs=QS) -> list[float | None]:
+    """The pooled ITL sketch of ``buckets``, read as itl_stage_quantiles reads its sketch."""
+    hists = [b.itl_hist for b in buckets if b.itl_hist is not None]
+    other: Counter = Counter()
+    for b in buckets:
+        other.update(b.itl_other)
+    if not hists and not other:
+        return [None for _ in qs]
+    hist = np.sum(hists, axis=0) if hists else np.zeros(DENSE_SPAN)
+    used = np.flatnonzero(hist)
+    bins = np.concatenate((used + DENSE_LO, np.fromiter(other, np.int64, len(other))))
+    n = np.concatenate((hist[used], np.fromiter(other.values(), np.float64, len(other))))
+    order = np.argsort(bins, kind="stable")
+    return sorted_quantiles(bins[order], n[order], qs)
 
 
-def _shape(row, span_s: float) -> dict:
-    """The statement's row as the view's JSON (None, not NaN or a missing key)."""
-    (requests, completed, errors, by_kind, ttft, tpot, e2e, tokens, slo_met, classes, dropped,
-     itl_p50, itl_p99) = row
-    per_s = 1.0 / span_s if span_s > 0 else None
-
-    def rate(x):
-        return None if per_s is None else x * per_s
-
-    ttft = ttft or [None, None]
-    return {
-        "requests": requests, "completed": completed, "errors": errors,
-        "errors_by_kind": dict(by_kind or {}), "dropped": int(dropped),
-        "ttft_p50_ms": ttft[0], "ttft_p99_ms": ttft[1], "itl_p50_ms": itl_p50,
-        "itl_p99_ms": itl_p99, "tpot_p50_ms": tpot, "e2e_p50_ms": e2e,
-        "output_tokens_per_s": rate(float(tokens)), "requests_per_s": rate(requests),
-        "errors_per_s": rate(errors), "goodput": rate(slo_met),
-        "slo_attainment": slo_met / requests if requests else None,
-        "classes": {c["cls"]: {"requests": c["n"], "slo_met_requests": c["met"],
-                               "goodput": rate(c["met"]), "slo_attainment": c["met"] / c["n"]}
-                    for c in classes or ()},
-    }
+def sorted_quantiles(uniq: np.ndarray, n: np.ndarray, qs=QS) -> list[float | None]:
+    """itl_stage_quantiles' percentile over distinct sorted bins ``uniq`` with counts ``n``:
+    quantile_cont's interpolation between the order statistics at floor(h) and floor(h)+1
+    (h = (total-1) q), each read from its bucket."""
+    if uniq.size == 0:
+        return [None for _ in qs]
+    cum = np.cumsum(n)
+    total = cum[-1]
+    if total <= 0:
+        return [None for _ in qs]
+    values = bin_values(uniq)
+    out = []
+    for q in qs:
+        h = (total - 1) * q
+        lo = math.floor(h)
+        hi = min(lo + 1, total - 1)
+        a, b = values[np.searchsorted(cum, [lo, hi], side="right")]
+        out.append(float(a + (b - a) * (h - lo)))
+    return out
 
 
-class WindowStats:
-    """The live window's requests and its figures: a batch is turned into columns on arrival
-    (the event loop), folded and queried in DuckDB on a pool of one native thread (so the
-    streams' greenlets run meanwhile). One query at a time; a query folds every batch that
-    came before it."""
+def _weights(offsets: list, tokens: list | None) -> list:
+    """chunk_weights' source: chunk_tokens[i] per chunk (NULL past its end)."""
+    if tokens is not None and len(tokens) == len(offsets):
+        return tokens
+    tokens = list(tokens or ())[:len(offsets)]
+    return tokens + [None] * (len(offsets) - len(tokens))
 
-    EMPTY = EMPTY
 
-    def __init__(self, slos: dict):
-        self.slos = slos
-        self._db: LiveDb | None = None
-        self._broken: str | bool = False   # why the database could not be set up
-        self._pending: list[tuple[dict, dict]] = []
-        self._codes: dict[str, int] = {}           # class names and error kinds, numbered
-        self._new_names: list[tuple[int, str]] = []
-        self._next = 0                      # request numbers, unique in the window
-        self._forget: int | None = None     # seconds before this one are past every window
-        self._lock = Semaphore()
-        self._pool: ThreadPool | None = None
+def _chunks(samples: list) -> tuple[list, list, np.ndarray, np.ndarray]:
+    """Per request with chunks: the chunk token total and the worst per-token gap; and the pooled
+    token-view ITL buckets of the ok ones (values, counts)."""
+    idx = [i for i, s in enumerate(samples) if s[5]]
+    totals: list = [None] * len(samples)
+    worst: list = [None] * len(samples)
+    if not idx:
+        return totals, worst, np.empty(0, np.int64), np.empty(0)
+    lens = np.fromiter((len(samples[i][5]) for i in idx), np.int64, len(idx))
+    size = int(lens.sum())
+    flat: list = []
+    for i in idx:   # list concatenation and one conversion: the cheapest way into numpy
+        flat += samples[i][5]
+    offs = np.array(flat, dtype=np.float64)
+    k = np.ones(size)
+    at = 0
+    for i, n in zip(idx, lens.tolist()):
+        tokens = samples[i][6]
+        # the usual case, one token per chunk, costs a C-level count and no conversion
+        if not (tokens and len(tokens) == n and tokens.count(1) == n):
+            k[at:at + n] = np.array(_weights(samples[i][5], tokens), dtype=np.float64)
+        at += n
+    k = np.maximum(np.nan_to_num(k, nan=1.0), 1.0)      # greatest(coalesce(k, 1), 1)
+    starts = np.concatenate(([0], np.cumsum(lens)[:-1]))
+    for j, tot in zip(idx, np.add.reduceat(k, starts)):
+        totals[j] = float(tot)
+    valid = np.ones(max(size - 1, 0), dtype=bool)
+    valid[(starts[1:] - 1)] = False                    # a gap across two requests is no gap
+    per_token = (np.diff(offs) / k[1:])[valid]
+    weight = k[1:][valid]
+    gaps = np.maximum(lens - 1, 0)
+    gap_starts = np.concatenate(([0], np.cumsum(gaps)[:-1]))
+    ok_mask = np.zeros(per_token.size, dtype=bool)
+    with_gaps = gaps > 0
+    if with_gaps.any():
+        maxima = np.maximum.reduceat(per_token, gap_starts[with_gaps]) if per_token.size else []
+        for j, m in zip(np.asarray(idx)[with_gaps], maxima):
+            worst[j] = float(m)
+        for j, s0, g in zip(idx, gap_starts, gaps):
+            if g and samples[j][1] is None:
+                ok_mask[s0:s0 + g] = True
+    ok_mask &= np.isfinite(per_token)
+    return totals, worst, sketch_bins(per_token[ok_mask]), weight[ok_mask]
 
-    def add(self, samples: list, t: float) -> None:
-        self._pending.append(batch_columns(samples, int(t), self._next, self._code))
-        self._next += len(samples)
 
-    def _code(self, name: str) -> int:
-        got = self._codes.get(name)
-        if got is None:
-            got = self._codes[name] = len(self._codes)
-            self._new_names.append((got, name))
-        return got
+def _slo_met(slo, ttft, tpot, out, worst, e2e) -> bool:
+    """request_metrics.slo_met for an ok request; ``slo`` = (ttft, tpot, itl, e2e) ms or None."""
+    if slo is None:
+        return True
+    s_ttft, s_tpot, s_itl, s_e2e = slo
+    if s_ttft is not None and not (ttft is not None and ttft <= s_ttft):
+        return False
+    if s_tpot is not None and out is not None and out > 1 and not (tpot is not None
+                                                                   and tpot <= s_tpot):
+        return False
+    if s_itl is not None and worst is not None and worst > s_itl:
+        return False
+    return s_e2e is None or (e2e is not None and e2e <= s_e2e)
 
-    def forget_before(self, sec: int) -> None:
-        self._forget = sec if self._forget is None else max(self._forget, sec)
 
-    def figures(self, lo: int, hi: int, span_s: float) -> dict:
-        """The figures of the requests that arrived in seconds [lo, hi)."""
-        with self._lock:   # taken before the batches: a later query never overtakes them
-            pending, self._pending = self._pending, []
-            names, self._new_names = self._new_names, []
-            forget, self._forget = self._forget, None
-            broken = self._broken
-            if self._pool is None:
-                # one native thread of its own: a DuckDB connection serves one statement at a
-                # time, and the hub's shared pool may hand two queries to two threads
-                self._pool = ThreadPool(1)
-            got = self._pool.apply(self._query, (pending, names, forget, lo, hi, span_s))
-        if self._broken and not broken:
-            log.error("servelab: the live window has no figures: %s", self._broken)
-        return got
-
-    def _query(self, pending, names, forget, lo, hi, span_s) -> dict:
-        # On the threadpool's thread: DuckDB and numpy only (no logging: under Locust its locks
-        # are gevent's, which belong to the event loop's thread).
-        # Its queries wait for the loop's idle time, as the writer's do (a syscall a query, so a
-        # thread the pool starts anew is lowered too).
-        yield_core_to_the_loop()
-        if self._db is None and not self._broken:
-            try:
-                self._db = LiveDb(self.slos)
-            except (OSError, LookupError, duckdb.Error) as exc:
-                self._broken = f"{type(exc).__name__}: {exc}"
-        if self._db is None:
-            return _shape(self.EMPTY, span_s)
-        try:
-            self._db.fold(pending, names)
-            if forget is not None:
-                self._db.forget(forget)
-            return self._db.figures(lo, hi, span_s)
-        except Exception as exc:  # noqa: BLE001 - the live view goes blank, never the run:
-            # the stored rows are the result
-            self._db, self._broken = None, f"{type(exc).__name__}: {exc}"
-            return _shape(self.EMPTY, span_s)
+def add_samples(bucket: Bucket, samples: list, slos: dict) -> None:
+    """One batch's samples into ``bucket`` (``slos``: class -> (ttft, tpot, itl, e2e) ms)."""
+    totals, worst, bins, counts = _chunks(samples)
+    if bins.size:
+        add_itl(bucket, bins, counts)
+    for s, total, w in zip(samples, totals, worst):
+        cls, error_kind, ttft, e2e, out = s[0] or "(none)", s[1], s[2], s[3], s[4]
+        if s[7] == "dropped":
+            bucket.dropped += 1
+            continue
+        if total is not None:
+            bucket.output_tokens += out if out is not None else total
+        bucket.requests += 1
+        c = bucket.classes.get(cls)
+        if c is None:
+            c = bucket.classes[cls] = [0, 0]
+        c[0] += 1
+        if error_kind is not None:
+            bucket.errors[error_kind] += 1
+            continue
+        bucket.completed += 1
+        tpot = (e2e - ttft) / (out - 1) if (out is not None and out > 1 and e2e is not None
+                                            and ttft is not None) else None
+        if ttft is not None:
+            bucket.ttft.append(ttft)
+        if e2e is not None:
+            bucket.e2e.append(e2e)
+        if tpot is not None:
+            bucket.tpot.append(tpot)
+        if _slo_met(slos.get(cls), ttft, tpot, out, w, e2e):
+            bucket.slo_met += 1
+            c[1] += 1
 
 
 def quantiles(values: list, qs=QS) -> list[float | None]:
@@ -346,3 +233,41 @@ def quantiles(values: list, qs=QS) -> list[float | None]:
 
 def quantile(values: list, q: float) -> float | None:
     return quantiles(values, (q,))[0]
+
+
+def figures(buckets: list[Bucket], span_s: float) -> dict:
+    """The figures of the requests in ``buckets``, rates over ``span_s`` seconds."""
+    ttft = [x for b in buckets for x in b.ttft]
+    tpot = [x for b in buckets for x in b.tpot]
+    e2e = [x for b in buckets for x in b.e2e]
+    itl = itl_quantiles(buckets)
+    ttft_p50, ttft_p99 = quantiles(ttft, (0.5, 0.99))
+    requests = sum(b.requests for b in buckets)
+    slo_met = sum(b.slo_met for b in buckets)
+    errors: Counter = Counter()
+    classes: dict[str, list[int]] = {}
+    for b in buckets:
+        errors.update(b.errors)
+        for cls, (n, met) in b.classes.items():
+            c = classes.setdefault(cls, [0, 0])
+            c[0] += n
+            c[1] += met
+    per_s = 1.0 / span_s if span_s > 0 else None
+
+    def rate(x):
+        return None if per_s is None else x * per_s
+
+    return {
+        "requests": requests, "completed": sum(b.completed for b in buckets),
+        "errors": sum(errors.values()), "errors_by_kind": dict(errors),
+        "dropped": sum(b.dropped for b in buckets),
+        "ttft_p50_ms": ttft_p50, "ttft_p99_ms": ttft_p99,
+        "itl_p50_ms": itl[0], "itl_p99_ms": itl[1],
+        "tpot_p50_ms": quantile(tpot, 0.5), "e2e_p50_ms": quantile(e2e, 0.5),
+        "output_tokens_per_s": rate(sum(b.output_tokens for b in buckets)),
+        "requests_per_s": rate(requests), "errors_per_s": rate(sum(errors.values())),
+        "goodput": rate(slo_met), "slo_attainment": slo_met / requests if requests else None,
+        "classes": {cls: {"requests": n, "slo_met_requests": met, "goodput": rate(met),
+                          "slo_attainment": met / n if n else None}
+                    for cls, (n, met) in sorted(classes.items())},
+    }
