@@ -197,11 +197,12 @@ def test_which_targets_are_sent_the_id_in_the_body():
     import pytest
 
     from servelab.core.errors import ServelabError
-    from servelab.loadgen.master.run_record import _request_id_field
+    from servelab.loadgen.master.run_record import _request_id_field, _variant
     from servelab.loadgen.options import settings_from
 
     def field(**kw):
-        return _request_id_field(settings_from(argparse.Namespace(**kw)))
+        settings = settings_from(argparse.Namespace(**kw))
+        return _request_id_field(settings, _variant(settings.variant))
 
     assert field(server_kind="sglang") == "rid"
     assert field(variant="sglang_bf16") == "rid"

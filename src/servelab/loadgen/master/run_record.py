@@ -35,8 +35,9 @@ class RunRecord:
         self.salt = secrets.token_hex(3) if profile.salt else None
         self.seed = profile.seed if settings.seed is None else settings.seed
         self.host_info = _host_info()
-        self.gpus = _variant_gpus(settings.variant)
-        self.request_id_field = _request_id_field(settings)
+        variant = _variant(settings.variant)
+        self.gpus = variant.gpus if variant is not None else None
+        self.request_id_field = _request_id_field(settings, variant)
         self.profile_text = profile.path.read_text(encoding="utf-8")
         # A worker may be another host without the master's files: they travel in the RUN message.
         self.profile_files = profile_files.bundle(profile) if workers else {}
@@ -93,7 +94,7 @@ def _host_info() -> dict:
             "locust": locust.__version__, "duckdb": duckdb.__version__}
 
 
-def _request_id_field(settings: Settings) -> str | None:
+def _request_id_field(settings: Settings, variant) -> str | None:
     """The body field that names a request for the target's kind (SGLang: ``rid``), or None
     (vLLM reads the X-Request-Id header every request carries). An unknown --server-kind is
     the user's mistake, said before any request is sent."""
@@ -103,28 +104,19 @@ def _request_id_field(settings: Settings) -> str | None:
         raise ServelabError(f"--server-kind {settings.server_kind!r}: not a server kind servelab "
                             f"knows; use one of {', '.join(KINDS)} (or leave it out: the "
                             "variant's, else vllm)")
-    name = settings.server_kind or _variant_kind(settings.variant)
+    name = settings.server_kind or (variant.kind.name if variant is not None else None)
     tracing = tracing_of(KINDS[name]) if name else None
     return getattr(tracing, "REQUEST_ID_FIELD", None)
 
 
-def _variant_kind(variant: str) -> str | None:
-    if not variant:
+def _variant(name: str):
+    """The variant file ``name`` stands for, or None (none given, or a name that is only a
+    label)."""
+    if not name:
         return None
     try:
         from servelab.specs.variants import load_variant
 
-        return load_variant(variant).kind.name
-    except Exception:  # noqa: BLE001 - a variant name that is only a label
-        return None
-
-
-def _variant_gpus(variant: str) -> int | None:
-    if not variant:
-        return None
-    try:
-        from servelab.specs.variants import load_variant
-
-        return load_variant(variant).gpus
+        return load_variant(name)
     except Exception:  # noqa: BLE001 - a variant name that is only a label
         return None

@@ -38,17 +38,11 @@ WRITE_INTERVAL_S = 1.0
 DB_THREAD_NICE = 10
 
 
-def yield_core_to_the_loop() -> None:
-    """Lower this native thread's priority (Linux nice is per thread): DuckDB work on it runs
-    in the event loop's idle time on a shared core, never ahead of a chunk's stamp."""
+def _open_store(open_db, db_path: str) -> Store:
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), DB_THREAD_NICE)
     except (AttributeError, OSError):
         pass  # not Linux, or not allowed: the thread keeps the process's priority
-
-
-def _open_store(open_db, db_path: str) -> Store:
-    yield_core_to_the_loop()
     with OPEN_LOCK:   # never while a reader of this process has the file open read-only
         return Store(open_db(db_path), threads=1)
 
