@@ -55,10 +55,9 @@ def test_one_user_hand_off_is_short_per_prompt_token():
     """At one user the spans' "server other" (the server's TTFT less queue and prefill: the
     hand-off to the engine core and the first token's way back) is ~2.6 ms + ~2.8 us per prompt
     token in every variant, against the calibration's 8.6 us per prompt token of API-server CPU
-    (what cpu.csv.gz says per stage, tests/sim_engine/test_capture_api_server.py). The model
-    puts all of it before the hand-off, so its 1-user TTFT is high on long prompts (p99 1.45-1.66
-    on the phases profile); putting only 2.8 us there lowers the waits at 64-128 users, which
-    ride on the same work (README, "After, second pass")."""
+    (what cpu.csv.gz says per stage, tests/sim_engine/test_capture_api_server.py): the idle
+    hand-off's api_prompt_token_s (2.8 us); the rest comes onto the path only on a loop busy
+    with output (tests/sim_engine/test_capture_hand_off.py, README "Third pass")."""
     for variant in VARIANTS:
         rows = _one_user_rows(
             variant, "SELECT s.prompt_tokens, (s.time_to_first_token_s - s.time_in_queue_s - "

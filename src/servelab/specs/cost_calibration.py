@@ -49,6 +49,10 @@ class CostParams:
     api_prompt_token_s: float = 0.0  # per prompt token (tokenizing and the Python around it)
     api_chunk_s: float = 0.0        # per streamed chunk (detokenize, SSE, write)
     api_step_s: float = 0.0         # per engine step's outputs (receive, decode)
+    # A new request's hand-off on a loop busy with output (``sim.engine.frontend``): per prompt
+    # token on its path beyond api_prompt_token_s, in full from this share of the loop in output.
+    api_busy_prompt_token_s: float = 0.0
+    api_busy_full_load: float = 0.0
 
 
 # Which mechanism each coefficient belongs to: ``servelab calibrate`` writes this beside the
@@ -64,6 +68,7 @@ MECHANISMS = {
     "t_eager_step_s": "idle_fixed_cost", "t_idle_step_s": "idle_fixed_cost",
     "api_request_s": "api_server_cpu", "api_prompt_token_s": "api_server_cpu",
     "api_chunk_s": "api_server_cpu", "api_step_s": "api_server_cpu",
+    "api_busy_prompt_token_s": "api_hand_off_load", "api_busy_full_load": "api_hand_off_load",
 }
 
 
@@ -73,7 +78,8 @@ PARAM_NAMES = tuple(f.name for f in fields(CostParams))
 # Coefficients whose default 0 turns their mechanism off (the rest are efficiencies and costs
 # every step has).
 OPTIONAL_PARAMS = frozenset(n for n, m in MECHANISMS.items()
-                            if m in ("async_scheduling_host", "idle_fixed_cost", "api_server_cpu"))
+                            if m in ("async_scheduling_host", "idle_fixed_cost", "api_server_cpu",
+                                     "api_hand_off_load"))
 DEFAULTS_LABEL = "built-in defaults (the published-table H100 calibration)"
 SCOPE_KEYS = ("kernel_path", "tensor_parallel_size", "kv_cache_dtype", "enforce_eager",
               "speculative")

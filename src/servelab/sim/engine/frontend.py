@@ -30,6 +30,22 @@ The model, clock-free like the engine:
   prefill step emits one chunk per request in ~150 ms) the backlog drains, which hands new
   requests to the engine in bursts as the capture's iteration lines show (8-10 full 8,192-token
   prefill steps, then ~40 decode-only ones, at 128 users).
+- The hand-off costs more on a busy loop (issue 22, third pass). vLLM tokenizes in a thread of
+  its own (``AsyncMicrobatchTokenizer``, vllm/utils/async_utils.py: "A single-thread
+  ThreadPoolExecutor is used so the event loop stays responsive"), whose result resumes the
+  request's coroutine through the loop. On an idle loop that thread overlaps the rest of the
+  hand-off, so only part of a prompt token's CPU is on the request's path: the 1-user spans'
+  "server other" grows 2.6-3.1 us a prompt token (tests/sim_engine/test_capture_gaps.py), the
+  CPU fit says 8.6 us. A loop busy with output holds the GIL that thread needs (CPython hands
+  it over only when the loop blocks or after ``sys.getswitchinterval()``) and runs the
+  resumption after every ready stream's chunk, so the whole per-token CPU comes onto the path:
+  ``api_prompt_token_s`` at an idle loop, plus ``api_busy_prompt_token_s`` times
+  min(1, load / ``api_busy_full_load``), where load is the share of the last ``LOAD_WINDOW_S``
+  the loop spent on output jobs. Bounded (at most the CPU fit's 8.6 us a token), so it cannot
+  run away; ``api_busy_full_load`` is fitted to the spans' "to server" + "server other" per
+  load level by bench/fit_hand_off.py (tests/sim_engine/test_capture_hand_off.py). The spans
+  cannot say which await of the path waits (they stamp only arrival, queue, first token): the
+  GIL reading is the one that fits both the idle spans and the CPU fit.
 
 With every api_* coefficient 0 (the built-in defaults) the stage costs nothing.
 """
@@ -42,6 +58,9 @@ EPS = 1e-9
 # between VLLM_V1_OUTPUT_PROC_CHUNK_SIZE slices (``await asyncio.sleep(0)``) and each stream's
 # chunk is written by its own coroutine, so ready request coroutines take turns in between.
 INPUT_SHARE = 0.02
+# The window over which a new request reads the loop's output load: about one engine step at
+# 64-256 users (16-25 ms in the 2026-12-02 capture's iteration lines).
+LOAD_WINDOW_S = 0.02
 
 
 class InputJob:
@@ -59,7 +78,10 @@ class APIServer:
         self.token_s = params.api_prompt_token_s
         self.chunk_s = params.api_chunk_s
         self.step_s = params.api_step_s
+        self.busy_token_s = params.api_busy_prompt_token_s
+        self.full_load = params.api_busy_full_load
         self.enabled = any((self.request_s, self.token_s, self.chunk_s, self.step_s))
+        self._recent: deque = deque()  # (start, end) of output jobs, the last LOAD_WINDOW_S
         self.out_free = 0.0           # when output processing catches up
         self._done: deque = deque([0.0, 0.0], maxlen=2)  # output-processed times of the last two steps
         self._busy: deque = deque()   # (start, end) of output jobs not yet behind every input
@@ -77,7 +99,26 @@ class APIServer:
         self._done.append(end)
         if end > start:
             self._busy.append((start, end))
+            if self.busy_token_s:
+                self._recent.append((start, end))
         return end
+
+    def load(self, t: float) -> float:
+        """The share of the ``LOAD_WINDOW_S`` before ``t`` the loop spent on output jobs."""
+        lo = t - LOAD_WINDOW_S
+        recent = self._recent
+        while recent and recent[0][1] <= lo:
+            recent.popleft()
+        return sum(max(0.0, min(e, t) - max(s, lo)) for s, e in recent) / LOAD_WINDOW_S
+
+    def hand_off_work(self, t: float, prompt_tokens: int) -> float:
+        """The loop work on a new request's path: more per prompt token on a busy loop."""
+        token_s = self.token_s
+        if self.busy_token_s:
+            load = self.load(t)
+            share = min(1.0, load / self.full_load) if self.full_load > 0 else float(load > 0)
+            token_s += share * self.busy_token_s
+        return self.request_s + prompt_tokens * token_s
 
     def gate(self) -> float:
         """The earliest start of the engine's next step (the step before last processed)."""
@@ -93,7 +134,7 @@ class APIServer:
         if not self.enabled:
             self.last_job = None
             return t
-        job = InputJob(t, self.request_s + prompt_tokens * self.token_s)
+        job = InputJob(t, self.hand_off_work(t, prompt_tokens))
         self._inputs.append(job)
         self.last_job = job
         self._settle(t)
