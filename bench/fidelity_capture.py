@@ -77,6 +77,15 @@ def stored_profile(con, run: str, work: Path) -> Path | None:
     return path
 
 
+def profile_of(con, capture: Path, run: str, work: Path) -> Path | None:
+    """The run's profile: ``<run>.yaml`` in the capture, else in bench/fidelity_workloads, else the
+    one the run recorded (None: none of them)."""
+    for path in (capture / f"{run}.yaml", WORKLOADS / f"{run}.yaml"):
+        if path.exists():
+            return path
+    return stored_profile(con, run, work)
+
+
 def write_variant(work: Path, variant: str, capture: Path) -> Path:
     """A variant file that serves the captured model with the captured server's engine flags."""
     spec = work / f"{variant}.yaml"
@@ -131,11 +140,7 @@ def main(argv=None) -> int:
           f" priced by {resolve_cost(config)[1]}")
     bad, cells = 0, 0
     for run in runs:
-        profile = args.capture / f"{run}.yaml"
-        if not profile.exists():
-            profile = WORKLOADS / f"{run}.yaml"
-        if not profile.exists():
-            profile = stored_profile(con, run, work)
+        profile = profile_of(con, args.capture, run, work)
         if profile is None:
             print(f"\n{run}: no profile ({run}.yaml in the capture or {WORKLOADS})")
             continue

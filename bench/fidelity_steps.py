@@ -104,9 +104,7 @@ def compare(capture: Path, variant: str, run: str, work: Path) -> dict[int, tupl
     con = fc.open_export(capture / run)
     try:
         real = recorded(con, run)
-        profile = fc.WORKLOADS / f"{run}.yaml"
-        if not profile.exists():
-            profile = fc.stored_profile(con, run, work)
+        profile = fc.profile_of(con, capture, run, work)
     finally:
         con.close()
     pred = predicted(capture, variant, run, profile, work)

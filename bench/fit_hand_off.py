@@ -83,9 +83,14 @@ def predicted(variant: str, run: str, capture: Path, work: Path) -> dict[int, fl
     from servelab.sim.engine.virtual_stages import in_warmup, stage_at
     from servelab.specs.variants import load_variant
 
-    profile = fc.WORKLOADS / f"{run}.yaml"
-    if not profile.exists():
-        profile = fc.stored_profile(fc.open_export(capture), run, work)
+    con = fc.open_export(capture)
+    try:
+        profile = fc.profile_of(con, capture, run, work)
+    finally:
+        con.close()
+    if profile is None:
+        raise SystemExit(f"{run}: no profile ({run}.yaml in {capture} or {fc.WORKLOADS}, or "
+                         "recorded by the run)")
     pred = Predictor(load_variant(fc.write_variant(work, variant, capture)), "H200", profile, None)
     with hand_off_times() as handed:
         result, windows = pred.run()
