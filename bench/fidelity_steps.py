@@ -11,8 +11,11 @@ profile replayed by ``servelab predict`` (``fidelity_capture.predict_run``'s eng
 calibration) is recorded step by step here. Per stage it prints, recorded and predicted: steps
 per second, the share of steps that carry any prefill, the shares by the step's prefill tokens
 (1-511, 512-2,047, 2,048-4,095, 4,096-8,000, a full 8,192-token budget) and the mean decodes per
-step. Equal shapes with a different step rate say the steps are priced wrong (the cost model);
-different shapes say the requests reach the engine differently (the API server's hand-off).
+step, and the flood size: a flood is a run of consecutive steps that carry prefill, its size
+their prompt tokens, printed as the token-weighted median (what a prompt token sees). Equal
+shapes with a different step rate say the steps are priced wrong (the cost model); different
+shapes say the requests reach the engine differently (the API server's hand-off, the engine
+core's input thread).
 """
 from __future__ import annotations
 
@@ -29,13 +32,35 @@ import fidelity_capture as fc  # noqa: E402  (a sibling script, not a package)
 BANDS = ((1, 512), (512, 2048), (2048, 4096), (4096, 8001), (8001, 10 ** 9))
 
 
+def flood_tokens(prefill: list[int]) -> float:
+    """The token-weighted median size of the floods in a run of steps' prefill tokens."""
+    floods, run = [], 0
+    for p in list(prefill) + [0]:
+        if p > 0:
+            run += p
+        elif run:
+            floods.append(run)
+            run = 0
+    if not floods:
+        return 0.0
+    floods.sort()
+    half, seen = sum(floods) / 2, 0
+    for f in floods:
+        seen += f
+        if seen >= half:
+            return float(f)
+    return float(floods[-1])
+
+
 def shape_row(steps: list[tuple[int, int]], seconds: float) -> dict:
-    """(prefill tokens, decodes) per step over ``seconds`` -> the figures printed per stage."""
+    """(prefill tokens, decodes) per step, in order, over ``seconds`` -> the figures printed
+    per stage."""
     n = max(1, len(steps))
     return {"steps_per_s": len(steps) / seconds,
             "with_prefill": sum(p > 0 for p, _ in steps) / n,
             "bands": [sum(lo <= p < hi for p, _ in steps) / n for lo, hi in BANDS],
-            "decodes": sum(d for _, d in steps) / n}
+            "decodes": sum(d for _, d in steps) / n,
+            "flood": flood_tokens([p for p, _ in steps])}
 
 
 def recorded(con, run: str) -> dict[int, dict]:
@@ -45,7 +70,8 @@ def recorded(con, run: str) -> dict[int, dict]:
                                    "stages WHERE run_id = ? ORDER BY stage", [run]).fetchall():
         lo, hi = int(a) + 1, int(b)
         steps = con.execute("SELECT context_tokens, generation_requests FROM server_iterations "
-                            "WHERE run_id = ? AND log_second_unix >= ? AND log_second_unix < ?",
+                            "WHERE run_id = ? AND log_second_unix >= ? AND log_second_unix < ? "
+                            "ORDER BY iteration",
                             [run, lo, hi]).fetchall()
         if hi > lo:
             out[int(level)] = shape_row(steps, hi - lo)
@@ -114,7 +140,7 @@ def compare(capture: Path, variant: str, run: str, work: Path) -> dict[int, tupl
 def fmt(row: dict) -> str:
     bands = " ".join(f"{x:5.2f}" for x in row["bands"])
     return (f"{row['steps_per_s']:7.0f} {row['with_prefill']:8.2f}   {bands} "
-            f"{row['decodes']:8.0f}")
+            f"{row['decodes']:8.0f} {row['flood']:7.0f}")
 
 
 def main(argv=None) -> int:
@@ -128,7 +154,7 @@ def main(argv=None) -> int:
         p.name for p in args.capture.iterdir() if (p / "runs.parquet").is_file())
     levels = {int(x) for x in args.levels.split(",")} if args.levels else None
     work = Path(tempfile.mkdtemp(prefix="servelab-fidelity-steps-"))
-    head = "  steps/s  prefill   1-511 -2047 -4095 -8000  full  decodes"
+    head = "  steps/s  prefill   1-511 -2047 -4095 -8000  full  decodes   flood"
     for run in runs:
         print(f"\n{run} ({args.variant})\nusers        {head}")
         for level, (real, pred) in sorted(compare(args.capture, args.variant, run, work).items()):

@@ -18,10 +18,11 @@ Fitted (least squares of log errors, a coordinate search: no SciPy here), to two
 (each weighted as one): the busy seconds' period sums (against 1 s) and the 1-user prefill spans
 (an idle engine: host + GPU + ``t_idle_step_s``, + ``t_eager_step_s`` past the largest CUDA
 graph, against each request's span): ``eta_compute`` (GEMM throughput), ``eta_attn`` (what grows
-with a chunk's length), ``t_eager_step_s`` and ``t_idle_step_s``. The host terms are held at the
-decode-only seconds' 2.5 ms + 40 us per running request (``HOST``), and ``eta_bw`` is set first
-by the 1-user decode step, which is weight streaming: the cost model's decode step at the 1-user
-stage's mean context equals the measured TPOT p50.
+with a chunk's length), ``t_eager_step_s``, ``t_idle_step_s`` and, on the fp8-w8a8 path,
+``fp8_m64_weight_extra`` (CUTLASS's slower 17-64-token tile, ``sim.engine.cost_model``). The
+host terms are held at the decode-only seconds' 2.5 ms + 40 us per running request (``HOST``),
+and ``eta_bw`` is set first by the 1-user decode step, which is weight streaming: the cost
+model's decode step at the 1-user stage's mean context equals the measured TPOT p50.
 It prints the fitted values and the mean period sum per stage before and after.
 """
 from __future__ import annotations
@@ -39,11 +40,14 @@ FLAGS = {"bf16": ["--max-model-len", "4096", "--kv-cache-memory-bytes", "20G"],
          "fp8": ["--max-model-len", "4096", "--kv-cache-memory-bytes", "20G",
                  "--quantization", "fp8"]}
 KV_TOKENS = 374_480        # "GPU KV cache size: 374,480 tokens" (each variant's startup.log)
-FITTED = ("eta_compute", "eta_attn", "t_eager_step_s", "t_idle_step_s")
+FITTED = ("eta_compute", "eta_attn", "t_eager_step_s", "t_idle_step_s", "fp8_m64_weight_extra")
 # The host side of a step, read off the capture's decode-only seconds (the step period there is
 # the host floor once GPU time falls under it): 2.5 ms plus 40 us per running request.
 HOST = {"t_host_s": 0.0025, "t_host_seq_s": 40e-6}
-OPTIONAL = ("t_eager_step_s", "t_idle_step_s")   # may fit to 0: their mechanism off
+OPTIONAL = ("t_eager_step_s", "t_idle_step_s", "fp8_m64_weight_extra")  # may fit to 0: off
+# Where the search starts a coefficient the calibration does not have yet (0 cannot be scaled);
+# fp8_m64_weight_extra prices only the fp8-w8a8 kernel path, so a BF16 fit keeps it at 0.
+START = {"t_idle_step_s": 0.005, "fp8_m64_weight_extra": 0.3}
 CUDAGRAPH_MAX_TOKENS = 512   # a prefill past it launches without a CUDA graph (sim.engine.pipeline)
 
 
@@ -191,7 +195,9 @@ def fit(capture: Path, variant: str):
     params = resolve_cost(config)[0]
     seconds = busy_seconds(capture, variant)
     params = fit_bw(config, params, *one_user_tpot(capture, variant))
-    params = replace(params, t_idle_step_s=params.t_idle_step_s or 0.005, **HOST)
+    start = {k: getattr(params, k) or v for k, v in START.items()
+             if k != "fp8_m64_weight_extra" or config.quant.name == "fp8-w8a8"}
+    params = replace(params, **start, **HOST)
     spans = idle_spans(capture, variant)
     return config, coordinate_search(config, params, seconds, spans), seconds
 

@@ -53,6 +53,14 @@ class CostParams:
     # token on its path beyond api_prompt_token_s, in full from this share of the loop in output.
     api_busy_prompt_token_s: float = 0.0
     api_busy_full_load: float = 0.0
+    # FP8 W8A8 on SM90: CUTLASS's tile for a step of 17-64 tokens (``sim.engine.cost_model``)
+    # streams the FP8 weights slower than the 1-16-token one; the extra share of that time.
+    fp8_m64_weight_extra: float = 0.0
+    # The engine core's input thread (``sim.engine.pipeline``): GIL turns a new request needs
+    # while the busy loop does host work (one per switch interval), and the GPU wait that lets
+    # every queued request through. 0 turns: off (requests reach the scheduler as they arrive).
+    input_gil_turns: float = 0.0
+    input_free_wait_s: float = 0.0
 
 
 # Which mechanism each coefficient belongs to: ``servelab calibrate`` writes this beside the
@@ -69,6 +77,8 @@ MECHANISMS = {
     "api_request_s": "api_server_cpu", "api_prompt_token_s": "api_server_cpu",
     "api_chunk_s": "api_server_cpu", "api_step_s": "api_server_cpu",
     "api_busy_prompt_token_s": "api_hand_off_load", "api_busy_full_load": "api_hand_off_load",
+    "fp8_m64_weight_extra": "fp8_gemm_tile",
+    "input_gil_turns": "engine_input_thread", "input_free_wait_s": "engine_input_thread",
 }
 
 
@@ -79,7 +89,8 @@ PARAM_NAMES = tuple(f.name for f in fields(CostParams))
 # every step has).
 OPTIONAL_PARAMS = frozenset(n for n, m in MECHANISMS.items()
                             if m in ("async_scheduling_host", "idle_fixed_cost", "api_server_cpu",
-                                     "api_hand_off_load"))
+                                     "api_hand_off_load", "fp8_gemm_tile",
+                                     "engine_input_thread"))
 DEFAULTS_LABEL = "built-in defaults (the published-table H100 calibration)"
 SCOPE_KEYS = ("kernel_path", "tensor_parallel_size", "kv_cache_dtype", "enforce_eager",
               "speculative")

@@ -6,6 +6,18 @@ A step's batch is summarised by a few sums (``BatchShape``); its time is
 
 with every term the max of a bytes/bandwidth and a FLOPs/peak bound, using the peak of the
 precision the GEMMs really run at (FP8 only where the GPU has FP8 tensor cores).
+
+The weight-streaming bound is not one rate for every batch on FP8 W8A8 (issue 22, fifth pass).
+vLLM 0.26 runs ``--quantization fp8`` through ``CutlassFP8ScaledMMLinearKernel`` (the H200
+capture's start-up log), and ``cutlass_gemm_sm90_fp8_dispatch``
+(csrc/quantization/w8a8/cutlass/c3x/scaled_mm_sm90_fp8_dispatch.cuh) picks its tile by the
+token count m: 64x16x256 with swapped operands for m <= 16, 64x64x256 for 16 < m <= 64,
+64x128x128 and 128x128x128 past that. The 17-64-token tile pads the tokens to 64 and holds
+fewer pipeline stages, so its weights stream slower than the small tile's, which the 1-user
+TPOT (``eta_bw``) prices: a step of 17-64 tokens pays ``fp8_m64_weight_extra`` of the
+quantized weights' streaming time more (the capture's FP8 decode steps at 31 decodes take
+5.3 ms, the roofline 4.3; BF16's cuBLAS steps there are within 6%). Fitted by
+bench/fit_h200_engine.py; 0 (every file without it): off.
 """
 from __future__ import annotations
 
@@ -16,6 +28,9 @@ from servelab.specs.cost_calibration import CostParams
 from servelab.specs.engine_config import EngineConfig, QuantPath
 from servelab.specs.hardware import HardwareSpec
 from servelab.specs.models import ModelSpec
+
+# The token counts CUTLASS's SM90 FP8 dispatch runs with its 64x64x256 tile (m in (16, 64]).
+M64_TILE = (16, 64)
 
 
 @dataclass
@@ -66,8 +81,11 @@ class CostModel:
         L = model.num_layers
         kernel = KERNEL_EFFICIENCY[quant.name]
         # Weight streaming: quantized linear layers at their kernel's bandwidth, lm_head in 16 bits.
-        self.t_weights = (model.linear_params * quant.weight_bytes_per_param / (bw * kernel.bw)
-                          + model.lm_head_params * 2 / bw) / tp
+        linear_weights = model.linear_params * quant.weight_bytes_per_param / (bw * kernel.bw)
+        self.t_weights = (linear_weights + model.lm_head_params * 2 / bw) / tp
+        # lm_head stays BF16 (cuBLAS): only the quantized layers take CUTLASS's m-tile.
+        self.t_m64_extra = (linear_weights / tp * cost.fp8_m64_weight_extra
+                            if quant.name == "fp8-w8a8" else 0.0)
         gemm_peak = quant.gemm_tflops * 1e12 * kernel.gemm * cost.eta_compute
         head_peak = hw.tflops_bf16 * 1e12 * cost.eta_compute
         self.s_per_token_lin = 2 * model.linear_params / (tp * gemm_peak)
@@ -96,7 +114,10 @@ class CostModel:
 
     def linear_time(self, num_tokens: int, num_head_tokens: int) -> float:
         compute = num_tokens * self.s_per_token_lin + num_head_tokens * self.s_per_token_head
-        return max(self.t_weights, compute) * self.act_quant
+        weights = self.t_weights
+        if self.t_m64_extra and M64_TILE[0] < num_tokens <= M64_TILE[1]:
+            weights += self.t_m64_extra
+        return max(weights, compute) * self.act_quant
 
     def attention_time(self, b: BatchShape) -> float:
         kvb, bw, f, peak = self.kv_bytes, self.bw, self.attn_flops_per, self.attn_peak

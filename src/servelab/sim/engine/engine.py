@@ -166,7 +166,7 @@ class Engine:
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self.pipeline.pending)
+        return self.scheduler.has_unfinished() or self.pipeline.holding()
 
     def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
         """vLLM's ``reset_prefix_cache``: forget all cached blocks so that no later request hits.
@@ -242,7 +242,7 @@ class Engine:
         if landing is not None:
             # Only transfers are in flight: the loop polls until the first one lands.
             return max(self.params.t_cpu_s, landing - now)
-        if self.scheduler.has_unfinished() or self.pipeline.pending:
+        if self.scheduler.has_unfinished() or self.pipeline.holding():
             # Nothing fits this step (every request waits on blocks, or arrived after it was
             # decided: the next one, priced as after idle, takes them): the loop still spins.
             self.pipeline.idle()

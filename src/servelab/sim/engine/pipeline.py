@@ -24,11 +24,25 @@ A step of more tokens than the largest CUDA graph (``max_cudagraph_capture_size`
 config: the capture's compilation_config) is launched piecewise without a graph: its host side
 gains ``t_eager_step_s``, hidden behind the previous step under load, paid in full at idle.
 
+New requests reach the scheduler through the engine core's input thread (issue 22, fifth pass).
+``EngineCoreProc.process_input_sockets`` (vllm/v1/engine/core.py) runs in a thread of its own:
+it polls the socket, receives, decodes the msgpack and runs ``preprocess_add_request`` before
+``input_queue.put``, taking the GIL several times a request. While the busy loop does host work
+that thread gets the GIL about once per switch interval (CPython's ``sys.getswitchinterval()``,
+5 ms); while the loop waits on the GPU (``future.result()`` releases the GIL) it runs freely.
+So a request that arrives while steps are host-bound needs ``input_gil_turns`` turns, one per
+``SWITCH_INTERVAL_S`` of host work (or per GPU wait), and a GPU wait of at least
+``input_free_wait_s`` lets every queued request through: requests pile up in host-bound decode
+stretches and flood in after a step that waits on the GPU, as the capture's iteration lines show
+(runs of decode-only steps with nothing admitted, then bursts). ``input_gil_turns`` 0 (the
+default and every file without it): requests reach the scheduler as they arrive.
+
 With every host coefficient 0 (the built-in defaults), a step costs its GPU time, as before.
 """
 from __future__ import annotations
 
 CUDAGRAPH_MAX_TOKENS = 512  # vLLM's max_cudagraph_capture_size default (the capture's log)
+SWITCH_INTERVAL_S = 0.005   # CPython's default sys.getswitchinterval()
 
 
 class AsyncPipeline:
@@ -40,38 +54,86 @@ class AsyncPipeline:
         self.t_host_seq = params.t_host_seq_s
         self.t_eager = params.t_eager_step_s
         self.t_idle = params.t_idle_step_s
+        self.gil_turns = params.input_gil_turns if enabled else 0.0
+        self.free_wait = params.input_free_wait_s
         self.prev_start: float | None = None   # the running step's start (None: idle)
         self.last_end: float | None = None
-        self.pending: list = []                # added after the running step was scheduled
+        self.pending: list = []                # (ready time, seq) past the running step's decision
+        self.inbox: list = []                  # [seq, turns left]: still in the input thread
+        self.credit = 0.0                      # the input thread's GIL turns not yet spent
+        self.last_host: tuple | None = None    # (start, host seconds) of the step just run
 
     def add(self, seq, scheduler) -> None:
-        """A new request: straight to the scheduler unless a step was already decided past it."""
-        if self.enabled and self.prev_start is not None:
-            self.pending.append(seq)
-        else:
+        """A new request: straight to the scheduler unless a step was already decided past it
+        (or, with the input thread modelled, unless that thread must first win the GIL)."""
+        if not self.enabled or self.prev_start is None:
             scheduler.add(seq)
+        elif self.gil_turns:
+            self.inbox.append([seq, self.gil_turns])
+        else:
+            self.pending.append((seq.arrival_time, seq))
+
+    def holding(self) -> bool:
+        return bool(self.pending or self.inbox)
 
     def release(self, now: float, scheduler) -> None:
         """Before scheduling the step that starts at ``now``: an engine that was busy up to
         ``now`` decided this step at the previous one's start, so only requests that had arrived
         by then are in it; an idle engine takes every request."""
+        if self.inbox and self.last_host is not None:
+            self._input_thread(*self.last_host, now)
+        self.last_host = None
+        if self.inbox and not scheduler.has_unfinished() and not self.pending:
+            self._through(len(self.inbox), now)   # the loop blocks on input_queue: no GIL held
         if not self.pending:
             return
         cut = self.prev_start if self.prev_start is not None else now
         keep = []
-        for seq in self.pending:
-            if seq.arrival_time <= cut + 1e-12:
+        for ready, seq in self.pending:
+            if ready <= cut + 1e-12:
                 scheduler.add(seq)
             else:
-                keep.append(seq)
+                keep.append((ready, seq))
         self.pending = keep
 
     def remove(self, seq) -> bool:
-        try:
-            self.pending.remove(seq)
-        except ValueError:
-            return False
-        return True
+        for i, (_, held) in enumerate(self.pending):
+            if held is seq:
+                del self.pending[i]
+                return True
+        for i, (held, _) in enumerate(self.inbox):
+            if held is seq:
+                del self.inbox[i]
+                return True
+        return False
+
+    def _through(self, n: int, t: float) -> None:
+        """The first ``n`` requests of the input thread reach ``input_queue`` at ``t``."""
+        for seq, _ in self.inbox[:n]:
+            self.pending.append((max(t, seq.arrival_time), seq))
+        del self.inbox[:n]
+        if not self.inbox:
+            self.credit = 0.0
+
+    def _input_thread(self, now: float, host: float, end: float) -> None:
+        """The input thread from the last step's start ``now`` to the next one's, ``end``: the
+        loop's host work first (a GIL turn per switch interval), then its wait on the GPU or
+        for the API server (free for the thread once long enough)."""
+        arrived = sum(1 for seq, _ in self.inbox if seq.arrival_time <= end)
+        wait = end - now - host
+        if wait >= self.free_wait:
+            self._through(arrived, now + host)
+            return
+        self.credit += host / SWITCH_INTERVAL_S + (wait > 1e-9)
+        done = 0
+        for entry in self.inbox[:arrived]:
+            spend = min(self.credit, entry[1])
+            entry[1] -= spend
+            self.credit -= spend
+            if entry[1] > 1e-9:
+                break
+            done += 1
+        self._through(done, end)
 
     def duration(self, now: float, gpu_s: float, num_seqs: int, num_tokens: int) -> float:
         """The step's wall time from ``now``: max(GPU, host) while the engine is busy (this
@@ -81,6 +143,7 @@ class AsyncPipeline:
             host += self.t_eager
         d = max(gpu_s, host) if self.last_end is not None else gpu_s + host + self.t_idle
         self.prev_start, self.last_end = now, now + d
+        self.last_host = (now, host)
         return d
 
     def idle(self) -> None:
