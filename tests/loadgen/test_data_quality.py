@@ -72,6 +72,27 @@ def test_a_line_that_is_no_row_is_dropped_and_counted(tmp_path):
         store.close()
 
 
+def test_no_batch_file_outlives_its_write(tmp_path, monkeypatch):
+    """Every write's file is gone once it is read, whether the write stored, failed or was
+    checked, and a store nobody closed (a killed process's) leaves nothing of its rows behind."""
+    import tempfile
+    spill = tmp_path / "tmp"
+    spill.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spill))
+    store = Store(open_db(tmp_path / "r.duckdb"))
+    lines = [good(i) for i in range(10)]
+    lines[3] = poisoned(3, "ttft_ms", "fast")
+    data = b"\n".join(lines) + b"\n"
+    with pytest.raises(duckdb.Error):
+        store.append_ndjson("requests", data)
+    store.append_ndjson("requests", data, checked=True)
+    store.append_rows("requests", [RequestRow(run_id="r", request_id="q99", worker="w",
+                                              worker_seq=99)])
+    assert store.con.execute("SELECT count(*) FROM requests").fetchone()[0] == 11
+    assert list(spill.iterdir()) == []   # before any close
+    store.close()
+
+
 class _Account:
     def __init__(self, worker):
         self.worker, self.stored, self.batches, self.stored_batches = worker, 0, 0, set()

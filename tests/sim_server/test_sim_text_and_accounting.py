@@ -112,3 +112,25 @@ def test_client_disconnect_aborts_the_request(sim):
     assert mine and mine[0]["finish_reason"] == "abort"
     assert 3 <= mine[0]["output_tokens"] < 3000
     assert page["in_flight"] == 0
+
+
+def test_the_shipped_corpus_ids_are_the_corpus_tokenized_now(tmp_path):
+    """data/corpus_ids.bin is what tokenizing the shipped text gives today (after editing the
+    text or the tokenizer: python -c 'from servelab.sim.server.textgen import write_corpus_ids;
+    write_corpus_ids()'), and ids written for other inputs are never read."""
+    from servelab.sim.server import textgen
+    from servelab.sim.server.tokenizer import get_tokenizer
+
+    tok = get_tokenizer()
+    paragraphs = textgen.corpus_paragraphs(textgen.shipped_texts())
+    shipped = textgen.CORPUS_IDS_PATH.read_bytes()
+    assert shipped[:32] == textgen.corpus_digest(tok.source_bytes, paragraphs), \
+        "data/corpus_ids.bin is stale: regenerate it with textgen.write_corpus_ids()"
+    fresh = [i for chunk in tok.encode_batch(paragraphs) for i in chunk]
+    assert list(textgen.corpus_ids(tok, paragraphs)) == fresh
+    # ids for another text: the digest differs, so the text is tokenized afresh
+    other = tmp_path / "ids.bin"
+    other.write_bytes(shipped)
+    changed = paragraphs[:-1] + ["A different last paragraph.\n\n"]
+    assert list(textgen.corpus_ids(tok, changed, other)) == \
+        [i for chunk in tok.encode_batch(changed) for i in chunk]

@@ -13,7 +13,20 @@ SHOWN = ["joules_per_output_token", "output_tokens_per_joule", "power_mean_w", "
          "sm_clock_mean_mhz", "mem_used_max_mib", "temp_max_c"]
 
 
+def has_samples(con: duckdb.DuckDBPyConnection, run_ids: list[str]) -> bool:
+    """Whether any of the runs has GPU samples. Asked first because the view joins
+    stage_summary, which DuckDB computes for every run of the file even when no sample matches:
+    0.7 s per question on a small file, five questions per ``servelab compare``."""
+    try:
+        return con.execute("SELECT EXISTS (SELECT 1 FROM gpu_metrics WHERE list_contains(?, "
+                           "run_id))", [list(run_ids)]).fetchone()[0]
+    except duckdb.CatalogException:   # a file from before the table
+        return False
+
+
 def energy_rows(con: duckdb.DuckDBPyConnection, run_id: str) -> list[dict]:
+    if not has_samples(con, [run_id]):
+        return []
     try:
         return fetch_dicts(con, "SELECT * FROM gpu_stage_energy WHERE run_id = ? ORDER BY stage",
                            [run_id])
@@ -39,6 +52,8 @@ def energy_note(con: duckdb.DuckDBPyConnection, groups, stage: int, baseline: st
     """'J/token: A 0.412, B 0.305 x0.74' for a stage of ``servelab compare``, the mean over a
     group's runs; nothing when fewer than two groups have GPU samples there."""
     values = {}
+    if not has_samples(con, [r for g in groups for r in g.run_ids]):
+        return []
     for g in groups:
         try:
             row = con.execute("SELECT avg(joules_per_output_token), avg(output_tokens_per_joule) "

@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -184,10 +185,27 @@ class Store:
         self._types = {t: column_types(con, t) for t in TABLES}
         self._tables = {r[0] for r in con.execute(
             "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main'").fetchall()}
-        self._dir = tempfile.mkdtemp(prefix="servelab-batch-")
         self.repaired = 0   # rows stored with values set to NULL (why: their data_quality)
         self.dropped = 0    # rows no table would take, left out (logged)
-        self.batch_path = os.path.join(self._dir, "batch.ndjson")
+
+    @staticmethod
+    @contextmanager
+    def batch_file(data: bytes):
+        """``data`` as a file for DuckDB's JSON reader, removed once read. One file per batch,
+        not one folder per store: a folder lived as long as its store, and every store a killed
+        process or an unclosed ingest left behind kept its last batch of rows in /tmp."""
+        fd, path = tempfile.mkstemp(prefix="servelab-batch-", suffix=".ndjson")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                if not data.endswith(b"\n"):
+                    f.write(b"\n")
+            yield path
+        finally:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
 
     def columns_sql(self, table: str) -> str:
         types = self._types[table]
@@ -222,18 +240,16 @@ class Store:
             if not got.lines:
                 return
             data = b"\n".join(got.lines) + b"\n"
-        with open(self.batch_path, "wb") as f:
-            f.write(data)
-            if not data.endswith(b"\n"):
-                f.write(b"\n")
         verb = "INSERT OR REPLACE INTO" if replace else "INSERT INTO"
-        source = self.read_json_sql(table, self.batch_path)
-        if table == "requests" and "itl_sketches" in self._tables:
-            # parsed once for both statements: the JSON parse and the chunk scalars were half
-            # of the writer's CPU when the sketches read the batch file a second time
-            self.con.execute(f"CREATE OR REPLACE TEMP TABLE servelab_batch AS SELECT * FROM {source}")
-            source = "servelab_batch"
-        self.con.execute(f"{verb} {table} BY NAME SELECT * FROM {source}")
+        with self.batch_file(data) as path:
+            source = self.read_json_sql(table, path)
+            if table == "requests" and "itl_sketches" in self._tables:
+                # parsed once for both statements: the JSON parse and the chunk scalars were
+                # half of the writer's CPU when the sketches read the batch file a second time
+                self.con.execute("CREATE OR REPLACE TEMP TABLE servelab_batch AS SELECT * FROM "
+                                 + source)
+                source = "servelab_batch"
+            self.con.execute(f"{verb} {table} BY NAME SELECT * FROM {source}")
         if source == "servelab_batch":
             self._sketch(source)
             self.con.execute("DROP TABLE servelab_batch")
@@ -258,12 +274,4 @@ class Store:
                                replace=replace)
 
     def close(self) -> None:
-        try:
-            os.remove(self.batch_path)
-        except FileNotFoundError:
-            pass
-        try:
-            os.rmdir(self._dir)
-        except OSError:
-            pass
         self.con.close()

@@ -200,12 +200,10 @@ def _ingest_one(store: Store, path: Path) -> IngestReport:
 
 
 def _stage(store: Store, table: str, lines: list[bytes]) -> None:
-    path = store.batch_path
-    with open(path, "wb") as f:
-        f.write(b"\n".join(lines) + b"\n")
     store.con.execute("DROP TABLE IF EXISTS incoming")
-    source = store.read_json_sql(table, path)
-    store.con.execute(f"CREATE TEMP TABLE incoming AS SELECT * FROM {source}")
+    with store.batch_file(b"\n".join(lines)) as path:
+        store.con.execute(f"CREATE TEMP TABLE incoming AS SELECT * FROM "
+                          f"{store.read_json_sql(table, path)}")
 
 
 def _count(con, table: str, run_id: str, worker: str) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass, field
 
 import duckdb
@@ -36,50 +35,44 @@ def check_lines(store, table: str, lines: list[bytes]) -> Checked:
     """The rows of ``lines`` that ``table`` takes, repairing or dropping those it refuses."""
     out = Checked()
     cur = store.con.cursor()
-    path = os.path.join(store._dir, "check.ndjson")
     try:
-        _split(store, cur, path, table, lines, out)
+        _split(store, cur, table, lines, out)
     finally:
         cur.close()
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
     if out.repaired or out.dropped:
         log.warning("servelab: %s: %d rows stored with values set to NULL, %d rows dropped (%s)",
                     table, out.repaired, out.dropped, "; ".join(out.reasons[:3]))
     return out
 
 
-def _fits(store, cur, path: str, table: str, lines: list[bytes]) -> bool:
-    with open(path, "wb") as f:
-        f.write(b"\n".join(lines) + b"\n")
-    try:
-        # materialised: a bare count(*) would let the reader skip converting the columns
-        cur.execute(f"CREATE OR REPLACE TEMP TABLE servelab_check AS SELECT * FROM "
-                    f"{store.read_json_sql(table, path)}")
-        return True
-    except duckdb.Error:
-        return False
-    finally:
-        cur.execute("DROP TABLE IF EXISTS servelab_check")
+def _fits(store, cur, table: str, lines: list[bytes]) -> bool:
+    with store.batch_file(b"\n".join(lines)) as path:
+        try:
+            # materialised: a bare count(*) would let the reader skip converting the columns
+            cur.execute(f"CREATE OR REPLACE TEMP TABLE servelab_check AS SELECT * FROM "
+                        f"{store.read_json_sql(table, path)}")
+            return True
+        except duckdb.Error:
+            return False
+        finally:
+            cur.execute("DROP TABLE IF EXISTS servelab_check")
 
 
-def _split(store, cur, path, table, lines, out: Checked) -> None:
+def _split(store, cur, table, lines, out: Checked) -> None:
     # iterative, so a batch of any size never recurses deep
     todo = [lines]
     while todo:
         part = todo.pop()
         if not part:
             continue
-        if _fits(store, cur, path, table, part):
+        if _fits(store, cur, table, part):
             out.lines += part
         elif len(part) > 1:
             mid = len(part) // 2
             todo += [part[mid:], part[:mid]]
         else:
             fixed = repair(part[0], store._types[table])
-            if fixed is not None and _fits(store, cur, path, table, [fixed[0]]):
+            if fixed is not None and _fits(store, cur, table, [fixed[0]]):
                 out.lines.append(fixed[0])
                 out.repaired += 1
                 out.reasons.append(fixed[1])

@@ -42,17 +42,66 @@ _ASCII_FOLD = str.maketrans(
 )
 
 
+# The corpus's token ids, tokenized ahead (``write_corpus_ids``): tokenizing it took 0.3 s of CPU
+# at every simulator start. The file begins with the digest of what the ids follow from (the
+# tokenizer file and the folded paragraphs); on any other digest the corpus is tokenized afresh.
+CORPUS_IDS_PATH = DATA_DIR / "corpus_ids.bin"
+_DIGEST_BYTES = 32
+
+
+def corpus_digest(tokenizer_bytes: bytes, paragraphs: list[str]) -> bytes:
+    h = hashlib.blake2b(tokenizer_bytes, digest_size=_DIGEST_BYTES)
+    for p in paragraphs:
+        h.update(p.encode("ascii"))
+        h.update(b"\0")
+    return h.digest()
+
+
+def corpus_paragraphs(texts: list[str]) -> list[str]:
+    paragraphs = []
+    for text in texts:
+        text = text.translate(_ASCII_FOLD).encode("ascii", "ignore").decode("ascii")
+        paragraphs += [p.strip() + "\n\n" for p in text.split("\n\n") if p.strip()]
+    return paragraphs
+
+
+def corpus_ids(tokenizer: SimTokenizer, paragraphs: list[str], path=CORPUS_IDS_PATH) -> array:
+    """The paragraphs' ids: from ``path`` where it was written for exactly these inputs."""
+    digest = corpus_digest(tokenizer.source_bytes, paragraphs)
+    try:
+        data = path.read_bytes()
+    except OSError:
+        data = b""
+    if data[:_DIGEST_BYTES] == digest:
+        ids = array("H")
+        ids.frombytes(data[_DIGEST_BYTES:])
+        return array("i", ids)
+    ids = array("i")
+    for chunk in tokenizer.encode_batch(paragraphs):
+        ids.extend(chunk)
+    return ids
+
+
+def write_corpus_ids(path=CORPUS_IDS_PATH) -> int:
+    """Tokenize the shipped corpus and write its ids (after the shipped text or the tokenizer
+    changes; tests/sim_server/test_textgen.py says when)."""
+    tokenizer = get_tokenizer()
+    paragraphs = corpus_paragraphs(shipped_texts())
+    ids = array("i")
+    for chunk in tokenizer.encode_batch(paragraphs):
+        ids.extend(chunk)
+    if tokenizer.vocab_size > 1 << 16:
+        raise ValueError("corpus ids are stored as 16-bit numbers; this tokenizer has "
+                         f"{tokenizer.vocab_size:,} tokens")
+    path.write_bytes(corpus_digest(tokenizer.source_bytes, paragraphs) + array("H", ids).tobytes())
+    return len(ids)
+
+
 class TokenCorpus:
     """The shipped text as one sequence of token ids, with the positions where sentences end."""
 
-    def __init__(self, tokenizer: SimTokenizer, texts: list[str]):
-        paragraphs = []
-        for text in texts:
-            text = text.translate(_ASCII_FOLD).encode("ascii", "ignore").decode("ascii")
-            paragraphs += [p.strip() + "\n\n" for p in text.split("\n\n") if p.strip()]
-        ids = array("i")
-        for chunk in tokenizer.encode_batch(paragraphs):
-            ids.extend(chunk)
+    def __init__(self, tokenizer: SimTokenizer, texts: list[str], ids_path=CORPUS_IDS_PATH):
+        ids = corpus_ids(tokenizer, corpus_paragraphs(texts), ids_path)
         if len(ids) < 1000:
             raise RuntimeError(f"the output corpus in {DATA_DIR} is missing or too small")
         self.ids = ids

@@ -9,6 +9,7 @@ counted as the model would see it.
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import orjson
 from tokenizers import Tokenizer
@@ -22,7 +23,8 @@ ENDOFTEXT = "<|endoftext|>"
 
 class SimTokenizer:
     def __init__(self, path=TOKENIZER_PATH):
-        self._tok = Tokenizer.from_file(str(path))
+        self.source_bytes = Path(path).read_bytes()   # what the corpus's shipped ids follow from
+        self._tok = Tokenizer.from_buffer(self.source_bytes)
         self.vocab_size = self._tok.get_vocab_size()
         self.endoftext_id = self._tok.token_to_id(ENDOFTEXT)
         self.im_end_id = self._tok.token_to_id(IM_END)
