@@ -1,6 +1,7 @@
 """The engine's step coefficients of the H200 calibrations, fitted to the capture's iteration lines.
 
     python bench/fit_h200_engine.py [servers/captured/h200_20261202] [--variant bf16]
+    python bench/fit_h200_engine.py --host-only --variant gptq_int4
 
 vLLM 0.26 logs every engine step with ``--enable-logging-iteration-details`` (``Iteration(N)``:
 context requests/tokens, generation requests/tokens, ``elapsed_ms``, KV usage). With async
@@ -24,6 +25,15 @@ host terms are held at the decode-only seconds' 2.5 ms + 40 us per running reque
 and ``eta_bw`` is set first by the 1-user decode step, which is weight streaming: the cost
 model's decode step at the 1-user stage's mean context equals the measured TPOT p50.
 It prints the fitted values and the mean period sum per stage before and after.
+
+``t_host_prompt_token_s`` (sixth pass, ``host_input_prep``) is fitted after them, by least squares,
+to the host work the same busy seconds record: a logged second's steps ran back to back, each
+its host work then its ``elapsed_ms`` wait, so 1 s less the second's ``elapsed_ms`` is its host
+work, priced with ``HOST`` and ``t_eager_step_s`` held plus this term per prompt token the steps
+scheduled. It prints the recorded and modelled host work per step for each stage.
+``--host-only`` fits that term alone, on the variant's calibration as it is: what the Int4
+variants' own lines give (their files carry bf16's host terms; their GPU terms are
+bench/fit_int4_kernel.py's).
 """
 from __future__ import annotations
 
@@ -51,29 +61,75 @@ START = {"t_idle_step_s": 0.005, "fp8_m64_weight_extra": 0.3}
 CUDAGRAPH_MAX_TOKENS = 512   # a prefill past it launches without a CUDA graph (sim.engine.pipeline)
 
 
+def _duckdb():
+    import duckdb
+
+    return duckdb.connect()
+
+
+def measured_stages(con, capture: Path, variant: str):
+    """(run folder, level, window start, window end) of every stage of 16 users or more."""
+    for folder in sorted((capture / variant).iterdir()):
+        if (folder / "stages.parquet").is_file():
+            yield from ((folder, level, a, b) for level, a, b in con.execute(
+                f"SELECT level, measure_start_unix, measure_end_unix FROM "
+                f"'{folder / 'stages.parquet'}' WHERE level >= 16").fetchall())
+
+
 def busy_seconds(capture: Path, variant: str) -> list[tuple[str, int, list[tuple]]]:
     """(run, level, [(ctx_reqs, ctx_tokens, gen_reqs, kv_pct)...]) for every whole log second
     inside a measured window of 16 users or more."""
-    import duckdb
-
-    con = duckdb.connect()
-    out = []
-    for folder in sorted((capture / variant).iterdir()):
-        if not (folder / "stages.parquet").is_file():
-            continue
-        stages = con.execute(f"SELECT level, measure_start_unix, measure_end_unix FROM "
-                             f"'{folder / 'stages.parquet'}' WHERE level >= 16").fetchall()
-        for level, a, b in stages:
-            rows = con.execute(
-                f"SELECT log_second_unix, context_requests, context_tokens, generation_requests, "
-                f"kv_cache_usage_pct FROM '{folder / 'server_iterations.parquet'}' WHERE "
-                f"log_second_unix >= ceil(?) AND log_second_unix < floor(?) ORDER BY line_no",
-                [a, b]).fetchall()
-            seconds: dict = {}
-            for sec, *shape in rows:
-                seconds.setdefault(sec, []).append(tuple(shape))
-            out += [(folder.name, int(level), steps) for steps in seconds.values()]
+    con, out = _duckdb(), []
+    for folder, level, a, b in measured_stages(con, capture, variant):
+        rows = con.execute(
+            f"SELECT log_second_unix, context_requests, context_tokens, generation_requests, "
+            f"kv_cache_usage_pct FROM '{folder / 'server_iterations.parquet'}' WHERE "
+            f"log_second_unix >= ceil(?) AND log_second_unix < floor(?) ORDER BY line_no",
+            [a, b]).fetchall()
+        seconds: dict = {}
+        for sec, *shape in rows:
+            seconds.setdefault(sec, []).append(tuple(shape))
+        out += [(folder.name, int(level), steps) for steps in seconds.values()]
     return out
+
+
+def host_seconds(capture: Path, variant: str) -> list[tuple]:
+    """(run, level, steps, running requests, prompt tokens, eager steps, host seconds) of every
+    whole log second inside a measured window of 16 users or more."""
+    con, out = _duckdb(), []
+    for folder, level, a, b in measured_stages(con, capture, variant):
+        out += [(folder.name, int(level)) + tuple(r[1:]) for r in con.execute(
+            f"SELECT log_second_unix, count(*), sum(context_requests + generation_requests), "
+            f"coalesce(sum(context_tokens), 0), count(*) FILTER (WHERE context_tokens + "
+            f"generation_tokens > {CUDAGRAPH_MAX_TOKENS}), 1 - sum(elapsed_ms) / 1000 FROM "
+            f"'{folder / 'server_iterations.parquet'}' WHERE log_second_unix >= ceil(?) AND "
+            f"log_second_unix < floor(?) GROUP BY 1", [a, b]).fetchall()]
+    return out
+
+
+def modelled_host(params, steps: int, seqs: int, prompt: int, eager: int) -> float:
+    return (params.t_host_s * steps + params.t_host_seq_s * seqs + params.t_eager_step_s * eager
+            + params.t_host_prompt_token_s * prompt)
+
+
+def fit_host_prompt(params, seconds) -> float:
+    """Least squares of the recorded host seconds over the prompt tokens, the rest held."""
+    held = replace(params, t_host_prompt_token_s=0.0)
+    num = sum(p * (h - modelled_host(held, n, s, p, e)) for _, _, n, s, p, e, h in seconds)
+    return max(0.0, num / sum(p * p for *_, p, _, _ in seconds))
+
+
+def host_report(before, after, seconds) -> None:
+    by_stage: dict = {}
+    for run, level, *row in seconds:
+        by_stage.setdefault((run, level), []).append(row)
+    print(f"{'run':<14}{'users':>6}{'host ms/step':>13}{'before':>8}{'after':>8}"
+          f"{'prompt tok/step':>16}")
+    for (run, level), rows in sorted(by_stage.items()):
+        n, s, p, e, h = (sum(r[i] for r in rows) for i in range(5))
+        print(f"{run:<14}{level:>6}{1e3 * h / n:>13.2f}"
+              f"{1e3 * modelled_host(before, n, s, p, e) / n:>8.2f}"
+              f"{1e3 * modelled_host(after, n, s, p, e) / n:>8.2f}{p / n:>16.0f}")
 
 
 def step_shape(ctx_reqs: int, ctx_tokens: int, gen_reqs: int, kv_pct: float):
@@ -97,7 +153,8 @@ def period_sums(config, params, seconds) -> list[float]:
         total = 0.0
         for ctx_reqs, ctx_tokens, gen_reqs, kv in steps:
             shape = step_shape(ctx_reqs, ctx_tokens, gen_reqs, kv)
-            host = params.t_host_s + params.t_host_seq_s * shape.num_seqs
+            host = (params.t_host_s + params.t_host_seq_s * shape.num_seqs
+                    + params.t_host_prompt_token_s * shape.prefill_tokens)
             total += max(model.step_time(shape), host)
         sums.append(total)
     return sums
@@ -199,7 +256,10 @@ def fit(capture: Path, variant: str):
              if k != "fp8_m64_weight_extra" or config.quant.name == "fp8-w8a8"}
     params = replace(params, **start, **HOST)
     spans = idle_spans(capture, variant)
-    return config, coordinate_search(config, params, seconds, spans), seconds
+    params = coordinate_search(config, params, seconds, spans)
+    host = host_seconds(capture, variant)
+    params = replace(params, t_host_prompt_token_s=float(f"{fit_host_prompt(params, host):.3g}"))
+    return config, params, seconds, host
 
 
 def report(config, before, after, seconds) -> None:
@@ -214,19 +274,43 @@ def report(config, before, after, seconds) -> None:
               f"{sum(p[1] for p in pairs) / n:>11.3f}")
 
 
+def host_only(capture: Path, variant: str) -> int:
+    from servelab.specs.cost_calibration import calibrations
+
+    before = next(c.params for c in calibrations()
+                  if c.hardware == "H200" and c.variant == variant)
+    host = host_seconds(capture, variant)
+    after = replace(before, t_host_prompt_token_s=float(f"{fit_host_prompt(before, host):.3g}"))
+    print(f"{variant}: {len(host)} busy log seconds")
+    print(f"  t_host_prompt_token_s: {before.t_host_prompt_token_s} -> "
+          f"{after.t_host_prompt_token_s}")
+    host_report(before, after, host)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("capture", nargs="?", type=Path, default=CAPTURE)
-    ap.add_argument("--variant", default="bf16", choices=sorted(FLAGS))
+    ap.add_argument("--variant", default="bf16",
+                    choices=sorted(FLAGS) + ["gptq_int4", "awq_int4"])
+    ap.add_argument("--host-only", action="store_true",
+                    help="fit t_host_prompt_token_s alone on the variant's calibration")
     args = ap.parse_args(argv)
     from servelab.sim.engine.costs import resolve_cost
 
-    config, params, seconds = fit(args.capture, args.variant)
+    if args.host_only:
+        return host_only(args.capture, args.variant)
+    if args.variant not in FLAGS:
+        ap.error(f"--variant {args.variant}: its GPU terms are bench/fit_int4_kernel.py's; "
+                 f"use --host-only")
+
+    config, params, seconds, host = fit(args.capture, args.variant)
     before = resolve_cost(config)[0]
     print(f"{args.variant}: {len(seconds)} busy log seconds")
-    for name in ("eta_bw",) + FITTED + tuple(HOST):
+    for name in ("eta_bw",) + FITTED + tuple(HOST) + ("t_host_prompt_token_s",):
         print(f"  {name}: {getattr(before, name)} -> {getattr(params, name)}")
     report(config, before, params, seconds)
+    host_report(before, params, host)
     return 0
 
 

@@ -42,6 +42,8 @@ class CostParams:
     # a step costs max(GPU, host) back to back and host + GPU on an idle engine. Zero: off.
     t_host_s: float = 0.0
     t_host_seq_s: float = 0.0       # per request in the step
+    # Input preparation per prompt token the step schedules (``sim.engine.pipeline``). Zero: off.
+    t_host_prompt_token_s: float = 0.0
     t_eager_step_s: float = 0.0     # a step over the largest CUDA graph (512 tokens) launches eagerly
     t_idle_step_s: float = 0.0      # a step that starts on an idle engine: the busy loop's wake-up
     # The API server (``sim.engine.frontend``): one CPU for parsing, tokenizing and streaming.
@@ -73,6 +75,7 @@ MECHANISMS = {
     "alpha_ar_custom_s": "tensor_parallel", "alpha_ar_nccl_s": "tensor_parallel",
     "alpha_ar_pcie_s": "tensor_parallel", "act_quant_overhead": "gpu_forward",
     "t_host_s": "async_scheduling_host", "t_host_seq_s": "async_scheduling_host",
+    "t_host_prompt_token_s": "host_input_prep",
     "t_eager_step_s": "idle_fixed_cost", "t_idle_step_s": "idle_fixed_cost",
     "api_request_s": "api_server_cpu", "api_prompt_token_s": "api_server_cpu",
     "api_chunk_s": "api_server_cpu", "api_step_s": "api_server_cpu",
@@ -90,7 +93,7 @@ PARAM_NAMES = tuple(f.name for f in fields(CostParams))
 OPTIONAL_PARAMS = frozenset(n for n, m in MECHANISMS.items()
                             if m in ("async_scheduling_host", "idle_fixed_cost", "api_server_cpu",
                                      "api_hand_off_load", "fp8_gemm_tile",
-                                     "engine_input_thread"))
+                                     "engine_input_thread", "host_input_prep"))
 DEFAULTS_LABEL = "built-in defaults (the published-table H100 calibration)"
 SCOPE_KEYS = ("kernel_path", "tensor_parallel_size", "kv_cache_dtype", "enforce_eager",
               "speculative")

@@ -212,7 +212,7 @@ class Engine:
             return out
         shape, spec_counts = self._shape(batch, now)
         duration = self.pipeline.duration(now, self.cost.step_time(shape), shape.num_seqs,
-                                          shape.num_tokens)
+                                          shape.num_tokens, shape.prefill_tokens)
         # LMCache's copies run inside the step (before and after the forward pass).
         duration += self.block_manager.sync_stall_s(batch.seqs, batch.num_new_tokens)
         emitted = self._advance(batch, spec_counts)

@@ -37,6 +37,20 @@ stretches and flood in after a step that waits on the GPU, as the capture's iter
 (runs of decode-only steps with nothing admitted, then bursts). ``input_gil_turns`` 0 (the
 default and every file without it): requests reach the scheduler as they arrive.
 
+The host side also grows with the prompt tokens a step schedules (issue 22, sixth pass):
+``GPUModelRunner._prepare_inputs`` (vllm/v1/worker/gpu_model_runner.py) builds per-token CPU
+arrays for every scheduled token (the request index by ``np.repeat``, the positions, the token
+indices ``torch.index_select`` gathers into ``input_ids.cpu[:total_num_scheduled_tokens]``),
+``block_table.compute_slot_mapping`` maps each of those positions to its KV slot, and
+``commit_slot_mapping`` / ``copy_to_gpu`` move them over; the scheduler's
+``KVCacheManager.allocate_slots`` takes a block per 16 new tokens and a new request's prompt is
+copied into ``InputBatch.token_ids_cpu``. A decode adds one token, a prefill chunk hundreds.
+The capture's busy seconds record it (1 s less the second's ``elapsed_ms`` waits is the loop's
+host work: fp8 phases 64 users 6.7 ms a step against 5.0 from the per-step and per-request
+terms), so a busy step's host side adds ``t_host_prompt_token_s`` per scheduled prompt token
+(bench/fit_h200_engine.py). An idle engine's prefill keeps the host side the 1-user spans were
+fitted with (``t_idle_step_s`` and ``eta_compute`` took that prompt-length work in).
+
 With every host coefficient 0 (the built-in defaults), a step costs its GPU time, as before.
 """
 from __future__ import annotations
@@ -52,6 +66,7 @@ class AsyncPipeline:
         self.enabled = enabled
         self.t_host = params.t_host_s
         self.t_host_seq = params.t_host_seq_s
+        self.t_host_prompt = params.t_host_prompt_token_s
         self.t_eager = params.t_eager_step_s
         self.t_idle = params.t_idle_step_s
         self.gil_turns = params.input_gil_turns if enabled else 0.0
@@ -135,10 +150,13 @@ class AsyncPipeline:
             done += 1
         self._through(done, end)
 
-    def duration(self, now: float, gpu_s: float, num_seqs: int, num_tokens: int) -> float:
+    def duration(self, now: float, gpu_s: float, num_seqs: int, num_tokens: int,
+                 prompt_tokens: int = 0) -> float:
         """The step's wall time from ``now``: max(GPU, host) while the engine is busy (this
         step's host side ran during the previous one), host + GPU after idle."""
         host = self.t_host + self.t_host_seq * num_seqs
+        if self.last_end is not None:   # at idle the 1-user spans' fit (t_idle_step_s) has it
+            host += self.t_host_prompt * prompt_tokens
         if num_tokens > CUDAGRAPH_MAX_TOKENS:
             host += self.t_eager
         d = max(gpu_s, host) if self.last_end is not None else gpu_s + host + self.t_idle
