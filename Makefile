@@ -46,8 +46,9 @@ TEST_WORKERS ?= 3
 # editable install leaves servelab's sources uncompiled, and where PYTHONDONTWRITEBYTECODE is
 # set (as on CI's machines) every process compiled them again: ~0.2 s of CPU each. Compiled
 # once here (only what changed); a stale .pyc is never used, Python checks the source's mtime.
+COMPILE = @$(BIN)/python -m compileall -q src loadtests > /dev/null
 test: $(STAMP_TEST) ensure-chromium
-	@$(BIN)/python -m compileall -q src loadtests > /dev/null
+	$(COMPILE)
 	@$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS); a=$$?; \
 	$(PYTEST) -m serial $(PYTEST_ARGS); b=$$?; \
 	if [ $$a -eq 5 ] && [ $$b -eq 5 ]; then echo "make: pytest collected no tests" >&2; exit 1; fi; \
@@ -55,7 +56,7 @@ test: $(STAMP_TEST) ensure-chromium
 
 # The inner loop: everything but the long end-to-end tests (marked `slow`); under 2 minutes.
 test-fast: $(STAMP_TEST) ensure-chromium
-	@$(BIN)/python -m compileall -q src loadtests > /dev/null
+	$(COMPILE)
 	@$(PYTEST) -m "not slow" $(PYTEST_ARGS); $(NO_TESTS_IS_FAILURE)
 
 bench: $(STAMP_TEST)

@@ -15,7 +15,8 @@ import re
 import sys
 from pathlib import Path
 
-COLUMNS = ("ttft_p50", "ttft_p99", "tpot_p50", "itl_p99", "tok_s")
+from fidelity_table import FIGURES  # noqa: E402  (a sibling script: the printout's columns)
+
 COMPARED = {"ttft_p50": -1, "tpot_p50": -1, "tok_s": 1}   # the sign that makes higher better
 
 
@@ -39,7 +40,7 @@ def figures(path: Path) -> dict[tuple[str, int], dict[str, dict[str, float]]]:
 
 
 def _values(text: str) -> dict[str, float]:
-    return {c: float(v) for c, v in zip(COLUMNS, text.split()) if v != "-"}
+    return {c: float(v) for c, v in zip(FIGURES, text.split()) if v != "-"}
 
 
 def winners(a: dict, b: dict, names=("bf16", "fp8")) -> tuple[int, list[str]]:

@@ -76,6 +76,10 @@ def corpus_ids(tokenizer: SimTokenizer, paragraphs: list[str], path=CORPUS_IDS_P
         ids = array("H")
         ids.frombytes(data[_DIGEST_BYTES:])
         return array("i", ids)
+    return _tokenize(tokenizer, paragraphs)
+
+
+def _tokenize(tokenizer: SimTokenizer, paragraphs: list[str]) -> array:
     ids = array("i")
     for chunk in tokenizer.encode_batch(paragraphs):
         ids.extend(chunk)
@@ -84,12 +88,10 @@ def corpus_ids(tokenizer: SimTokenizer, paragraphs: list[str], path=CORPUS_IDS_P
 
 def write_corpus_ids(path=CORPUS_IDS_PATH) -> int:
     """Tokenize the shipped corpus and write its ids (after the shipped text or the tokenizer
-    changes; tests/sim_server/test_textgen.py says when)."""
+    changes; tests/sim_server/test_sim_text_and_accounting.py says when)."""
     tokenizer = get_tokenizer()
     paragraphs = corpus_paragraphs(shipped_texts())
-    ids = array("i")
-    for chunk in tokenizer.encode_batch(paragraphs):
-        ids.extend(chunk)
+    ids = _tokenize(tokenizer, paragraphs)
     if tokenizer.vocab_size > 1 << 16:
         raise ValueError("corpus ids are stored as 16-bit numbers; this tokenizer has "
                          f"{tokenizer.vocab_size:,} tokens")
