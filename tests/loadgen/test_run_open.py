@@ -10,6 +10,9 @@ from servelab.profiles.planner import RequestPlanner
 pytestmark = pytest.mark.slow  # each runs Locust against a real server
 
 
+# Judges this host: 90% of the arrivals leave within 10 ms of their schedule only while the
+# workers have a core to send from (beside two other pytest workers on CI's two cores, p90 was 82 ms).
+@pytest.mark.serial
 def test_schedule_is_kept_while_the_server_stalls(tmp_path):
     db = tmp_path / "t.duckdb"
     profile = PROFILES / "open_rate.yaml"
