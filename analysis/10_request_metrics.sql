@@ -35,10 +35,8 @@
 --   e2e_slo_met   = ok AND e2e_ms <= slo_e2e_ms.
 --   slo_met       = ok AND every SLO that the class sets is met.  A failed request meets no SLO.
 CREATE OR REPLACE MACRO servelab_chunk_weight(k) AS greatest(coalesce(k, 1), 1);
--- tpot_ms and slo_met, as macros. The master's live window (loadgen/master/live_stats.py) computes
--- the same definitions over its last seconds in numpy, in the event loop (a DuckDB there cost the
--- load generator its tails: bench/results/tail_20261203/README.md); tests/loadgen/test_live_window.py
--- checks its figures against these views on the same rows.
+-- tpot_ms and slo_met, as macros (request_metrics' columns; the master's live window reads them
+-- through request_metrics too: servelab_live_figures in 30_stage_summary.sql).
 CREATE OR REPLACE MACRO servelab_tpot_ms(e2e_ms, ttft_ms, output_tokens) AS
     CASE WHEN output_tokens > 1 THEN (e2e_ms - ttft_ms) / (output_tokens - 1) END;
 CREATE OR REPLACE MACRO servelab_slo_met(ok, ttft_ms, e2e_ms, output_tokens, itl_max_ms,

@@ -35,8 +35,8 @@ CREATE OR REPLACE MACRO servelab_itl_samples(second_pass) AS TABLE
     );
 
 -- servelab_itl_percentiles(value, q): the p50_ms, p90_ms, p95_ms and p99_ms columns of both ITL
--- views (this one and itl_stage_quantiles), from a group's rows of (q, value); UNNEST spreads
--- the struct into those columns.
+-- views (token and chunk), from a group's rows of (q, value); UNNEST spreads the struct into
+-- those columns.
 CREATE OR REPLACE MACRO servelab_itl_percentiles(value, q) AS {
     'p50_ms': max(value) FILTER (WHERE q = 0.5),
     'p90_ms': max(value) FILTER (WHERE q = 0.9),

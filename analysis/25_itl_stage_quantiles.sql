@@ -15,6 +15,19 @@ CREATE OR REPLACE MACRO servelab_sketch_value(b) AS
          WHEN b < -500000 THEN -2 * pow(1.01 / 0.99, -1000000 - b) / (1.01 / 0.99 + 1)
          ELSE 2 * pow(1.01 / 0.99, b) / (1.01 / 0.99 + 1) END;
 
+-- servelab_sketch_quantile(bin, cum, total, q): an aggregate over a merged sketch's buckets, one
+-- row per bucket with its count cumulated in bucket order (cum) and the sketch's sample count
+-- (total): quantile_cont's interpolation between the order statistics at floor(h) and
+-- floor(h) + 1 (h = (total - 1) q), the order statistic at rank r (0-based) being the value of the
+-- first bucket whose cumulated count exceeds r. itl_stage_quantiles reads a stage's sketch with it
+-- and the live window (30_stage_summary.sql) its last seconds'.
+CREATE OR REPLACE MACRO servelab_sketch_quantile(bin, cum, total, q) AS
+    servelab_sketch_value(min(bin) FILTER (WHERE cum > floor((total - 1) * q)))
+    + (servelab_sketch_value(min(bin) FILTER (WHERE cum > least(floor((total - 1) * q) + 1,
+                                                                 total - 1)))
+       - servelab_sketch_value(min(bin) FILTER (WHERE cum > floor((total - 1) * q))))
+      * ((max(total) - 1) * q - floor((max(total) - 1) * q));
+
 CREATE OR REPLACE VIEW itl_stage_quantiles AS
 WITH
 req AS (
@@ -54,43 +67,27 @@ bins AS (
 cumulative AS (
     SELECT *,
            sum(n) OVER (PARTITION BY run_id, stage, class_name, view ORDER BY bin
-                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - n AS before,
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cum,
            sum(n) OVER (PARTITION BY run_id, stage, class_name, view) AS total
     FROM bins
 ),
-wanted AS (
-    SELECT DISTINCT run_id, stage, class_name, view, total FROM cumulative
-),
-positions AS (
-    SELECT w.*, q.q, (w.total - 1) * q.q AS h,
-           unnest([floor((w.total - 1) * q.q), least(floor((w.total - 1) * q.q) + 1, w.total - 1)]) AS pos
-    FROM wanted w
-    CROSS JOIN (SELECT unnest([0.5, 0.9, 0.95, 0.99]::DOUBLE[]) AS q) q
-),
-located AS (
-    SELECT p.run_id, p.stage, p.class_name, p.view, p.q, p.h, p.pos, servelab_sketch_value(c.bin) AS value
-    FROM positions p
-    JOIN cumulative c
-      ON c.run_id = p.run_id AND c.stage = p.stage AND c.class_name = p.class_name AND c.view = p.view
-     AND p.pos >= c.before AND p.pos < c.before + c.n
-),
 percentiles AS (
-    SELECT run_id, stage, class_name, view, q,
-           arg_min(value, pos) + (arg_max(value, pos) - arg_min(value, pos)) * (any_value(h) - min(pos)) AS value
-    FROM located
-    GROUP BY run_id, stage, class_name, view, q
+    SELECT run_id, stage, class_name, view, any_value(total) AS total,
+           servelab_sketch_quantile(bin, cum, total, 0.5) AS p50_ms,
+           servelab_sketch_quantile(bin, cum, total, 0.9) AS p90_ms,
+           servelab_sketch_quantile(bin, cum, total, 0.95) AS p95_ms,
+           servelab_sketch_quantile(bin, cum, total, 0.99) AS p99_ms
+    FROM cumulative
+    GROUP BY run_id, stage, class_name, view
 )
 SELECT
-    w.run_id,
-    w.stage,
-    w.class_name,
-    w.view,
-    w.total AS samples,
-    CASE WHEN w.view = 'token' THEN s.token_mean ELSE s.chunk_mean END AS mean_ms,
-    UNNEST(servelab_itl_percentiles(p.value, p.q)),
+    p.run_id,
+    p.stage,
+    p.class_name,
+    p.view,
+    p.total AS samples,
+    CASE WHEN p.view = 'token' THEN s.token_mean ELSE s.chunk_mean END AS mean_ms,
+    p.p50_ms, p.p90_ms, p.p95_ms, p.p99_ms,
     'ddsketch(1%)' AS method
-FROM wanted w
-LEFT JOIN sums s ON s.run_id = w.run_id AND s.stage = w.stage AND s.class_name = w.class_name
-LEFT JOIN percentiles p
-       ON p.run_id = w.run_id AND p.stage = w.stage AND p.class_name = w.class_name AND p.view = w.view
-GROUP BY w.run_id, w.stage, w.class_name, w.view, w.total, s.token_mean, s.chunk_mean;
+FROM percentiles p
+LEFT JOIN sums s ON s.run_id = p.run_id AND s.stage = p.stage AND s.class_name = p.class_name;

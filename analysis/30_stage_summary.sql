@@ -228,3 +228,114 @@ LEFT JOIN req_stats r ON r.run_id = k.run_id AND r.stage = k.stage AND r.class_n
 LEFT JOIN itl_stats it ON it.run_id = k.run_id AND it.stage = k.stage AND it.class_name = k.class_name
 LEFT JOIN window_tokens t ON t.run_id = k.run_id AND t.stage = k.stage AND t.class_name = k.class_name
 LEFT JOIN dropped_counts d ON d.run_id = k.run_id AND d.stage = k.stage AND d.class_name = k.class_name;
+
+-- servelab_live_figures(run, spans, lo_min, sketch_lo_min, span_lo_min): the master's live window
+-- (the web UI's LLM tab, the status file, the progress line) over the rows a run has stored so
+-- far, with the definitions of request_metrics, stage_summary, itl_stage_quantiles and
+-- request_phases; it differs from stage_summary only in which requests it counts: those stored
+-- in a span of the `requests` table's rows (the master keeps, for each of its writes, how far
+-- the tables reached), warm-up included, because the live view shows what is happening now.
+--   spans         = list of {point, lo, hi, span_lo, span_hi}: rows lo <= rowid < hi of
+--                   `requests` and span_lo <= rowid < span_hi of `server_spans` count for point
+--                   (the master's last ten seconds, the rows not counted before, and each
+--                   time-series point);
+--   lo_min, sketch_lo_min, span_lo_min = the first rowid of `requests`, `itl_sketches` and
+--                   `server_spans` any point reads (pushed into the scans: a statement reads
+--                   only the last rows).
+-- One row per point x class (and class_name = '(all)' for every point):
+--   requests      = rows not dropped (a dropped open-loop arrival is counted in `dropped` only);
+--   completed, errors (by kind), slo_met_requests as stage_summary's;
+--   ttft, tpot, e2e = servelab_p50_p99 of request_metrics' columns over completed requests;
+--   output_tokens = sum of coalesce(usage output_tokens, the chunks' token count) over the rows
+--                   with content chunks (their whole output: the window is short, so no chunk
+--                   arrival times are read);
+--   itl_p50_ms, itl_p99_ms = the token view of itl_stage_quantiles: the merged sketches of the
+--                   completed requests, read by servelab_sketch_quantile;
+--   spans, queue_*, prefill_* = the server's spans of this run's requests (the first of each:
+--                   not duplicate), request_phases' queue_ms and prefill_ms, servelab_p50_p99.
+--   The ITL and span columns are the '(all)' row's.
+-- Rates (per second) are the caller's: it knows how long each point's span of writes lasted.
+CREATE OR REPLACE MACRO servelab_live_figures(run, spans, lo_min, sketch_lo_min, span_lo_min)
+AS TABLE
+WITH
+points AS (
+    SELECT unnest(spans, recursive := true)
+),
+counted AS (
+    SELECT p.point, r.*, coalesce(r.class_name, '(none)') AS cls
+    FROM request_metrics r
+    JOIN points p ON r.request_rowid >= p.lo AND r.request_rowid < p.hi
+    WHERE r.request_rowid >= lo_min AND r.run_id = run
+),
+req_stats AS (
+    SELECT
+        point,
+        CASE WHEN grouping(cls) = 1 THEN '(all)' ELSE cls END AS class_name,
+        count(*) FILTER (WHERE NOT dropped) AS requests,
+        count(*) FILTER (WHERE ok) AS completed,
+        count(*) FILTER (WHERE NOT ok AND NOT dropped) AS errors,
+        histogram(error_kind) FILTER (WHERE NOT ok AND NOT dropped) AS errors_by_kind,
+        count(*) FILTER (WHERE dropped) AS dropped,
+        count(*) FILTER (WHERE slo_met) AS slo_met_requests,
+        servelab_p50_p99(ttft_ms, ok) AS ttft,
+        servelab_p50_p99(tpot_ms, ok) AS tpot,
+        servelab_p50_p99(e2e_ms, ok) AS e2e,
+        sum(coalesce(output_tokens, chunk_tokens_total))
+            FILTER (WHERE n_chunks > 0 AND NOT dropped) AS output_tokens
+    FROM counted
+    GROUP BY GROUPING SETS ((point, cls), (point))
+),
+bins AS (
+    SELECT point, bin, sum(n) AS n
+    FROM (
+        SELECT c.point, unnest(map_keys(s.token_sketch)) AS bin,
+               unnest(map_values(s.token_sketch)) AS n
+        FROM itl_sketches s
+        JOIN counted c ON c.run_id = s.run_id AND c.request_id = s.request_id
+        WHERE s.rowid >= sketch_lo_min AND c.ok AND s.gaps > 0
+    )
+    GROUP BY point, bin
+),
+cumulative AS (
+    SELECT *,
+           sum(n) OVER (PARTITION BY point ORDER BY bin
+                        ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS cum,
+           sum(n) OVER (PARTITION BY point) AS total
+    FROM bins
+),
+itl AS (
+    SELECT point,
+           servelab_sketch_quantile(bin, cum, total, 0.5) AS itl_p50_ms,
+           servelab_sketch_quantile(bin, cum, total, 0.99) AS itl_p99_ms
+    FROM cumulative
+    GROUP BY point
+),
+span_stats AS (
+    SELECT p.point, count(*) AS spans,
+           servelab_p50_p99(1000 * s.time_in_queue_s) AS queue,
+           servelab_p50_p99(1000 * s.time_in_model_prefill_s) AS prefill
+    FROM server_spans s
+    JOIN points p ON s.rowid >= p.span_lo AND s.rowid < p.span_hi
+    WHERE s.rowid >= span_lo_min AND s.run_id = run AND s.request_id IS NOT NULL
+      AND NOT coalesce(s.duplicate, false)
+    GROUP BY p.point
+),
+rows AS (
+    SELECT * FROM req_stats
+    UNION ALL   -- every point's '(all)' row, where no request counted
+    SELECT p.point, '(all)', 0, 0, 0, NULL, 0, 0, NULL, NULL, NULL, NULL
+    FROM points p
+    WHERE p.point NOT IN (SELECT point FROM req_stats)
+)
+SELECT
+    r.point, r.class_name, r.requests, r.completed, r.errors, r.errors_by_kind, r.dropped,
+    r.slo_met_requests, r.output_tokens,
+    r.ttft.p50_ms AS ttft_p50_ms, r.ttft.p99_ms AS ttft_p99_ms,
+    r.tpot.p50_ms AS tpot_p50_ms, r.e2e.p50_ms AS e2e_p50_ms,
+    i.itl_p50_ms, i.itl_p99_ms,
+    coalesce(sp.spans, 0) AS spans,
+    sp.queue.p50_ms AS queue_p50_ms, sp.queue.p99_ms AS queue_p99_ms,
+    sp.prefill.p50_ms AS prefill_p50_ms, sp.prefill.p99_ms AS prefill_p99_ms
+FROM rows r
+LEFT JOIN itl i ON i.point = r.point AND r.class_name = '(all)'
+LEFT JOIN span_stats sp ON sp.point = r.point AND r.class_name = '(all)';

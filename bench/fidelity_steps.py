@@ -88,8 +88,8 @@ def logged_steps():
 
     def logged(self, now):
         out = step(self, now)
-        if out.duration_s > 0 and out.batch_size:
-            steps.append((now, out.num_prefill_tokens, out.num_decode_seqs))
+        if out.duration_s > 0 and out.shape.num_seqs:
+            steps.append((now, out.shape.prefill_tokens, out.shape.num_decode))
         return out
     Engine.step = logged
     try:

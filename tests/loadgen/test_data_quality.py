@@ -3,6 +3,7 @@ data_quality), never the batch; the master's writer stores the rest of a failing
 once instead of having it resent forever; ``servelab ingest`` skips and reports what it cannot
 load. Real DuckDB files throughout."""
 import json
+from collections import deque
 
 import duckdb
 import orjson
@@ -106,6 +107,7 @@ def test_the_writer_stores_a_poisoned_transaction_once_and_acknowledges_it(tmp_p
     writer.run_id = "r"
     writer.accounts = {"w": _Account("w"), "v": _Account("v")}
     writer._write_no, writer.source_errors, writer.on_scrape_error = 0, {}, None
+    writer.marks = deque()
     try:
         clean = b"".join(good(i) + b"\n" for i in range(10))
         dirty = b"".join((poisoned(i, "output_tokens", 3000000000) if i == 13 else good(i))

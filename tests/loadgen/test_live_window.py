@@ -1,24 +1,27 @@
 """The master's live window against the SQL views on the same rows: the request figures (TTFT,
-token-view ITL, TPOT, tokens/s, goodput and SLO attainment per class, errors by kind), the
-server's state from /metrics scrapes, and the generator's saturation verdict, each computed by
-both sides and compared (agreement, not hand-typed numbers); and the LLM tab in Chromium, against
-a real Locust web UI (the README's command, manual mode) and the simulator, drawing its charts."""
+token-view ITL, TPOT, tokens/s, goodput and SLO attainment per class, errors by kind) through the
+real writer (its thread, its DuckDB file), the server's state from /metrics scrapes, and the
+generator's saturation verdict, each computed by both sides and compared (agreement, not
+hand-typed numbers). The LLM tab in Chromium is tests/loadgen/test_web_browser.py's."""
 import math
 import random
+import time
+from collections import deque
 
 import duckdb
-import numpy as np
 import orjson
 import pytest
+from gevent.threadpool import ThreadPool
 
 from servelab.analysis.views import open_results_db
+from servelab.loadgen.master import live_figures
+from servelab.loadgen.master.accounts import WorkerAccounts
 from servelab.loadgen.master.live import LiveWindow
-from servelab.loadgen.master.live_stats import bin_values, sketch_bins
 from servelab.loadgen.master.scraper import metric_rows, server_figures, server_state
-from servelab.loadgen.worker.recorder import _live_sample
+from servelab.loadgen.master.writer import DbWriter
 from servelab.loadgen.messages import StageMessage
 from servelab.store import runs as run_flags
-from servelab.store.db import SKETCH_GAMMA, Store, _bucket
+from servelab.store.db import Store
 from servelab.store.rows import ClassRow, HealthRow, RequestRow, RunRow, StageRow
 
 T0 = 1_700_000_000.0
@@ -66,29 +69,34 @@ def _requests(rng) -> list[RequestRow]:
     return rows
 
 
-@pytest.fixture(scope="module")
-def stored(tmp_path_factory):
-    con = open_results_db(tmp_path_factory.mktemp("live") / "live.duckdb")
-    store = Store(con)
-    rows = _requests(random.Random(3))
+def _head(store) -> None:
     store.append_rows("runs", [RunRow("r", started_unix=T0, status="completed")])
     store.append_rows("run_classes", [ClassRow("r", c, 1.0, *s) for c, s in SLOS.items()])
     store.append_rows("stages", [StageRow("r", 0, "manual", 4.0, T0, T0, T0, T0 + WINDOW,
                                           T0 + WINDOW)])
-    store.append_rows("requests", rows)
-    yield con, rows
-    store.close()
 
 
-def _live(rows) -> dict:
-    clock = Clock(T0)
-    live = LiveWindow(SLOS, window_s=WINDOW, clock=clock)
-    samples = [_live_sample(r) for r in rows]
-    clock.t = T0 + 70
-    for i in range(0, len(samples), 16):        # as batches
-        live.add(samples[i:i + 16])
-    clock.t = T0 + WINDOW
-    return live.figures()
+def _batch(no: int, rows: list) -> dict:
+    return {"run_id": "r", "worker": "w0", "batch": no, "n_rows": len(rows), "health": b"",
+            "rows": b"".join(orjson.dumps(r) + b"\n" for r in rows)}
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory):
+    """The rows in batches through the real writer; the live window on it, as a run has it."""
+    pool = ThreadPool(1)
+    writer = DbWriter(pool, open_results_db, str(tmp_path_factory.mktemp("live") / "l.duckdb"),
+                      "r", WorkerAccounts(["local"]), lambda *a: None)
+    live = LiveWindow(source=writer, window_s=WINDOW)
+    live.started_unix = live.requests.started_unix = time.time() - WINDOW   # rates: WINDOW
+    writer.call(_head)
+    rows = _requests(random.Random(3))
+    for no, i in enumerate(range(0, len(rows), 16), 1):
+        writer.batch("local", _batch(no, rows[i:i + 16]))
+    writer.wait_idle(30)
+    yield writer.store.con, rows, live
+    writer.close()
+    pool.kill()
 
 
 KEYS = ("requests", "completed", "errors", "dropped", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms",
@@ -103,8 +111,8 @@ def _same(a, b) -> bool:
 
 
 def test_live_figures_agree_with_stage_summary(stored):
-    con, rows = stored
-    live = _live(rows)
+    con, rows, window = stored
+    live = window.figures()
     cur = con.execute("SELECT * FROM stage_summary WHERE run_id = 'r' ORDER BY class_name")
     names = [d[0] for d in cur.description]
     sql = {r["class_name"]: r for r in (dict(zip(names, row)) for row in cur.fetchall())}
@@ -170,7 +178,7 @@ def _both_verdicts(tmp_path, shapes: dict) -> tuple[dict, dict, dict]:
     store = Store(con)
     store.append_rows("stages", [StageRow("h", 0, "manual", 1.0, T0, T0, T0, T0 + 10, T0 + 10)])
     clock = Clock(T0)
-    live = LiveWindow({}, clock=clock)
+    live = LiveWindow(clock=clock)
     live.stage = lambda: StageMessage(0)
     rows = []
     for i in range(6):
@@ -224,38 +232,77 @@ def test_saturation_rule_at_its_limits(tmp_path):
         == [(True, "generator"), (False, "host")]
 
 
-def test_live_sketch_buckets_are_the_stores(stored):
-    """live_stats buckets a gap and reads a bucket back as the store's SQL (store/db.py's
-    bucket expression, the views' servelab_sketch_value) does, at the edges too."""
-    con, _ = stored
-    values = [0.0, 1e-7, 3e-4, 0.5, 1.0, 20.0, 7.5e6, -5.0, -1e-3,
-              *(SKETCH_GAMMA ** k for k in (-300, -7, 1, 2, 50, 400))]
-    (sql_bins,) = con.execute(f"SELECT list_transform(?::DOUBLE[], v -> {_bucket('v')})",
-                              [values]).fetchone()
-    live_bins = sketch_bins(np.array(values))
-    assert live_bins.tolist() == sql_bins
-    (sql_values,) = con.execute("SELECT list_transform(?::INTEGER[], b -> "
-                                "servelab_sketch_value(b))", [sql_bins]).fetchone()
-    assert bin_values(live_bins).tolist() == pytest.approx(sql_values, rel=1e-12)
+class Rows:
+    """A run's stored rows on a fake clock: what the writer gives the live window (its marks,
+    its statement), the writes made by hand at chosen times."""
+
+    def __init__(self, tmp_path):
+        self.con = open_results_db(tmp_path / "s.duckdb")
+        self.store = Store(self.con)
+        _head(self.store)
+        self.marks = deque([(T0 - 1, 0, 0, 0)])
+
+    def write(self, t: float, rows: list) -> None:
+        self.store.append_rows("requests", rows)
+        self.marks.append((t, *self.con.execute(
+            "SELECT (SELECT count(*) FROM requests), (SELECT count(*) FROM itl_sketches), 0"
+        ).fetchone()))
+
+    def live_figures(self, spans, firsts):
+        return live_figures.query(self.con, "r", spans, firsts)
 
 
-def test_series_is_bounded_and_json_clean():
+def _row(i: int, t: float, error=None) -> RequestRow:
+    offsets = [] if error else [100.0, 120.0, 140.0, 160.0, 180.0]
+    return RequestRow(run_id="r", request_id=f"q{i}", worker="w0", worker_seq=i,
+                      class_name="batch" if error else "chat", stage=0, warmup=True,
+                      sent_unix=t - 1, ttft_ms=offsets[0] if offsets else None,
+                      e2e_ms=offsets[-1] if offsets else None, chunk_offsets_ms=offsets,
+                      chunk_tokens=[1] * len(offsets), output_tokens=len(offsets) or None,
+                      error_kind=error)
+
+
+def test_series_is_bounded_and_json_clean(tmp_path):
+    """400 s of writes, the series thinned to 50 points; every point's figures are the rows
+    stored during its step, warm-up included; a poller's increment brings only new points."""
     clock = Clock(T0)
-    live = LiveWindow(SLOS, clock=clock, max_points=50)
-    sample = ("chat", None, 100.0, 900.0, 5, [100.0, 300.0, 500.0, 700.0, 900.0], [1] * 5, None)
+    rows = Rows(tmp_path)
+    live = LiveWindow(source=rows, clock=clock, max_points=50)
     for i in range(400):
         clock.t = T0 + i
-        live.add([sample, ("batch", "timeout", None, None, None, [], [], None)])
+        rows.write(clock.t, [_row(2 * i, clock.t), _row(2 * i + 1, clock.t, "timeout")])
+        live.tick()
+        if i % 37 == 0:
+            live.view([])      # watched now and then: the points due are computed together
     view = live.view([], since=None)
     series = view["series"]
     assert len(series["t_unix"]) <= 50 and view["step_s"] > 2.0
     assert all(len(v) == len(series["t_unix"]) for v in series.values())
     assert series["ttft_p50_ms"][-1] == 100.0 and series["itl_p50_ms"][-1] > 0
+    assert series["requests_per_s"][-1] == pytest.approx(2.0)   # 4 rows in its step
     assert view["now"]["errors_by_kind"] == {"timeout": 10} and view["errors_total"] == 400
-    orjson.dumps(view, option=orjson.OPT_SERIALIZE_NUMPY)   # JSON-able: no numpy, no NaN
-    assert "NaN" not in orjson.dumps(view).decode()
+    assert view["class_series"]["chat"]["slo_attainment"][-1] == 1.0
+    assert "NaN" not in orjson.dumps(view).decode()                  # JSON-able, no NaN
     newer = live.view([], since=series["t_unix"][-2])["series"]["t_unix"]
     assert newer == series["t_unix"][-1:]
+
+
+def test_figures_wait_for_their_rows_and_survive_a_failing_database(tmp_path):
+    """A point's figures come with the statement after its step (never a made-up zero before);
+    a statement that fails keeps the last figures and the run."""
+    clock = Clock(T0)
+    rows = Rows(tmp_path)
+    live = LiveWindow(source=rows, clock=clock)
+    clock.t = T0 + 1
+    rows.write(clock.t, [_row(0, clock.t)])
+    clock.t = T0 + 2.5
+    live.tick()                                           # the point at T0 + 2 is due
+    assert live.series["ttft_p50_ms"] == [None]           # not computed yet
+    assert live.view([])["series"]["ttft_p50_ms"] == [100.0]
+    before = live.figures()
+    rows.con.close()
+    clock.t = T0 + 5
+    assert live.figures() == before                       # a closed database: kept, no raise
 
 
 # The LLM tab in Chromium (charts drawn from this window through the API, the relabelled stats

@@ -120,13 +120,13 @@ def _prefill_share(config, params) -> tuple[float, float]:
 
     def logged(now):
         out = step(now)
-        if now > 5.0 and out.batch_size:
+        if now > 5.0 and out.shape.num_seqs:
             steps.append(out)
         return out
     engine.step = logged
     run_closed_loop([engine], 128, rag_chat, duration_s=16.0)
-    return (statistics.mean(o.num_prefill_tokens > 0 for o in steps),
-            statistics.mean(o.num_scheduled_tokens >= 8000 for o in steps))
+    return (statistics.mean(o.shape.prefill_tokens > 0 for o in steps),
+            statistics.mean(o.shape.num_tokens >= 8000 for o in steps))
 
 
 def test_new_requests_reach_the_engine_in_bursts(config, calibrated):

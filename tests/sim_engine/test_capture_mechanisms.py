@@ -66,10 +66,10 @@ def test_async_scheduling_request_joins_the_step_after_next(config, calibrated):
     engine.add_request("late", list(range(300, 428)), 5, ignore_eos=True, arrival_time=t + 1e-4)
     t += second.duration_s
     third = engine.step(t)          # decided when the second started, before "late" arrived
-    assert third.num_prefill_seqs == 0 and third.num_decode_seqs == 1
+    assert third.shape.num_prefill == 0 and third.shape.num_decode == 1
     t += third.duration_s
     fourth = engine.step(t)
-    assert fourth.num_prefill_seqs == 1, "the late request is in the step after next"
+    assert fourth.shape.num_prefill == 1, "the late request is in the step after next"
 
 
 def test_the_step_period_is_max_gpu_host_and_elapsed_is_only_the_wait(config, calibrated):
@@ -126,5 +126,5 @@ def test_token_budget_decodes_first_then_prefill_chunks(config):
     for k, base in enumerate((50_000, 60_000, 70_000)):
         engine.add_request(f"doc{k}", list(range(base, base + 3500)), 5, ignore_eos=True)
     out = engine.step(t)
-    assert out.num_decode_tokens == 4
-    assert out.num_prefill_tokens == 8192 - 4
+    assert out.shape.decode_tokens == 4
+    assert out.shape.prefill_tokens == 8192 - 4

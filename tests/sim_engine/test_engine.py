@@ -48,14 +48,14 @@ def test_step_output_and_timings(h100_config):
     seq = e.add_request("r", list(range(3000)), max_tokens=3, arrival_time=10.0)
     out = e.step(10.0)
     # 3000 prompt tokens fit the 8192 budget: the whole prompt in one step, first token at its end.
-    assert out.num_prefill_tokens == 3000 and out.num_decode_tokens == 0 and out.batch_size == 1
+    assert out.shape.prefill_tokens == 3000 and out.shape.decode_tokens == 0 and out.shape.num_seqs == 1
     assert out.duration_s > 0
     assert [ (ev.request_id, ev.new_tokens, ev.finished) for ev in out.events] == [("r", 1, False)]
     assert seq.first_scheduled_time == 10.0 and seq.first_token_time == pytest.approx(10.0 + out.duration_s)
     assert e.get_sequence("r") is seq
     t = 10.0 + out.duration_s
     out2 = e.step(t)
-    assert out2.num_decode_tokens == 1 and out2.duration_s < out.duration_s
+    assert out2.shape.decode_tokens == 1 and out2.duration_s < out.duration_s
     t += out2.duration_s
     out3 = e.step(t)
     assert out3.finished == [seq] and seq.finish_time == pytest.approx(t + out3.duration_s)
@@ -68,7 +68,7 @@ def test_long_prompts_are_chunked_by_the_token_budget():
     e = Engine(cfg)
     e.add_request("r", list(range(5000)), max_tokens=2)
     _, chunks, outs = drain(e)
-    assert [o.num_prefill_tokens for _, o in outs[:3]] == [2048, 2048, 904]
+    assert [o.shape.prefill_tokens for _, o in outs[:3]] == [2048, 2048, 904]
     assert [len(o.events) for _, o in outs[:3]] == [0, 0, 1]
 
 

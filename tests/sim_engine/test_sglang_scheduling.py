@@ -47,7 +47,7 @@ def _decode_stall(args) -> tuple[int, int, float]:
         out = engine.step(now)
         now += out.duration_s
         got_a = any(e.request_id == "a" for e in out.events)
-        if out.num_prefill_tokens:
+        if out.shape.prefill_tokens:
             prefill_steps += 1
             shared += got_a
         if got_a:

@@ -31,8 +31,8 @@ def test_each_step_with_work_is_one_parsable_line():
             first = out
     lines = [parse_iteration(x) for x in "".join(written).splitlines()]
     assert len(lines) == 40 and [x.index for x in lines] == list(range(40))
-    assert (lines[0].context_requests, lines[0].context_tokens) == (first.num_prefill_seqs,
-                                                                    first.num_prefill_tokens)
+    assert (lines[0].context_requests, lines[0].context_tokens) == (first.shape.num_prefill,
+                                                                    first.shape.prefill_tokens)
     assert sum(x.context_tokens for x in lines) == 8 * 512
     assert lines[0].elapsed_ms == round(first.duration_s * 1e3, 2) and lines[-1].generation_requests == 8
 
@@ -51,7 +51,7 @@ def test_lines_are_buffered_and_cost_little_beside_a_256_stream_step():
             spent += time.perf_counter() - t0
             simulated += out.duration_s
             n += 1
-            worked += out.num_scheduled_tokens > 0
+            worked += out.shape.num_tokens > 0
         assert written == []                   # nothing written from inside the serving loop
         await asyncio.sleep(0.08)
         return written, spent / n, simulated / n, worked

@@ -41,8 +41,7 @@ def schema_sql() -> str:
 # exact, except ITL"): DDSketch log buckets at relative accuracy 1%, gamma = 1.01/0.99, bucket of a
 # value v > 0 = ceil(log_gamma(v)); 0 -> -500000, v < 0 -> -1000000 - ceil(log_gamma(-v)) (ordered
 # below 0); NULL, NaN and infinite gaps have no bucket. Kept here, beside the insert it follows,
-# because the writer must not import the analysis layer; the analysis layer backfills with it, and
-# the live window (loadgen/master/live_stats.py) buckets its gaps with these same constants.
+# because the writer must not import the analysis layer; the analysis layer backfills with it.
 SKETCH_GAMMA_SQL = "1.01 / 0.99"
 SKETCH_GAMMA = 1.01 / 0.99
 SKETCH_ZERO_BIN = -500000
@@ -206,6 +205,9 @@ class Store:
                 os.remove(path)
             except FileNotFoundError:
                 pass
+
+    def has_table(self, table: str) -> bool:
+        return table in self._tables
 
     def columns_sql(self, table: str) -> str:
         types = self._types[table]

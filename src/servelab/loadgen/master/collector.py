@@ -78,7 +78,6 @@ class Collector:
         self.record = RunRecord(run_id, settings, profile, shaped, target,
                                 0 if self.local else len(self.accounts.slots))
         self.stages = StageRecords(run_id)
-        self.live = live.for_run(self, profile)
         self.worker_errors = []
         self.flags, self.notes = [], []
         self._ready_nodes = set()
@@ -86,6 +85,7 @@ class Collector:
         self.draining = False
         self.writer = DbWriter(self.pool, self.open_db, settings.db, run_id, self.accounts,
                                self._ack)
+        self.live = live.for_run(self, profile)   # on the writer's stored rows
         self.active = True
         record = self.record
 
@@ -253,6 +253,7 @@ class Collector:
             notes.append(f"final record failed: {exc}")
         self.notes = notes
         self.status_file.stop()
+        self.live.finish()
         self.status_file.write(state=status, flags=self.flags, notes=self.notes)
         try:
             writer.close()

@@ -1,15 +1,18 @@
 """The master's live window: the figures of the last ten seconds, and a time series of them since
 the run began (one point per ``step_s``, memory bounded), for the web UI's LLM tab, the JSON API,
-the status file and the progress line. The stored rows, not these, are the run's result; the
-arithmetic and its definitions are ``live_stats``'s (the SQL views' own).
+the status file and the progress line. The stored rows, not these, are the run's result.
 
-Requests count when their batch reaches the master (a worker ships every 0.25 s), so the window
-needs no clock agreement between hosts. Generator health comes from the last health row of each
-batch, judged as ``store/runs.py`` judges a stage (median loop-lag p99 and CPU over its limits),
-over the last ten seconds, so the UI shows a saturation within a second of its start; the server's
-state comes from the master's ``/metrics`` scrape (``scraper.server_state``), and the engine
-queue and prefill times from the server's own spans as the master's receiver gets them
-(``spans_intake``; a span comes when its request ends, in the exporter's next batch).
+The request figures, and the engine queue and prefill times of the server's own spans, are the
+views' own SQL over the rows the run has stored so far
+(``servelab_live_figures`` in analysis/30_stage_summary.sql, on request_metrics and the ITL
+sketches; ``live_figures.StoredFigures``), run in the writer's database thread and only when
+someone asks: the LLM tab's view at most every ``VIEW_REFRESH_S``, the status file's headline
+every ``STATUS_REFRESH_S``.
+
+Generator health comes from the last health row of each batch, judged as ``store/runs.py``
+judges a stage (median loop-lag p99 and CPU over its limits), over the last ten seconds, so the
+UI shows a saturation within a second of its start; the server's state comes from the master's
+``/metrics`` scrape (``scraper.server_state``).
 """
 from __future__ import annotations
 
@@ -22,12 +25,18 @@ import gevent
 import orjson
 
 from servelab.loadgen.messages import StageMessage
-from servelab.loadgen.master.live_stats import Bucket, add_samples, figures, quantile
+from servelab.core.quantiles import quantiles_cont
+from servelab.loadgen.master.live_figures import StoredFigures
 from servelab.loadgen.master.scraper import server_figures
 from servelab.store.runs import CPU_LIMIT, HEALTH_COLUMNS, LOOP_LAG_LIMIT_MS, judge_medians
 
 LIVE_WINDOW_S = 10.0
 STEP_S = 2.0
+# A statement costs the database thread 10-25 ms, two thirds of it DuckDB planning it: the LLM
+# tab (polling every 1.5 s) gets a new one every other poll, the status file and the progress
+# line one per window (bench/live_window_cost.py)
+VIEW_REFRESH_S = 2.9
+STATUS_REFRESH_S = LIVE_WINDOW_S
 log = logging.getLogger("servelab.loadgen")
 BATCHES_KEPT = 1000         # batch numbers remembered per worker (a resend comes after 5 s)
 MAX_POINTS = 1800           # then every other point goes and the step doubles
@@ -43,9 +52,8 @@ SPAN_SERIES = ("span_queue_p50_ms", "span_prefill_p50_ms")
 
 
 def for_run(collector, profile) -> "LiveWindow":
-    """A run's window: its classes' SLOs, and the collector's users and current stage."""
-    window = LiveWindow({c.name: (c.slo.ttft_ms, c.slo.tpot_ms, c.slo.itl_ms, c.slo.e2e_ms)
-                         for c in profile.classes})
+    """A run's window, on the collector's writer (its stored rows), users and current stage."""
+    window = LiveWindow(source=collector.writer)
     window.users = lambda: getattr(collector.runner, "user_count", None)
     window.stage = lambda: collector.stages.current
     return window
@@ -70,19 +78,17 @@ def view_of(collector, since: float | None = None) -> dict:
 
 
 class LiveWindow:
-    """``slos``: class -> (ttft, tpot, itl, e2e) ms, None where the class sets none."""
+    """``source``: the run's stored rows (its ``DbWriter``: ``live_figures.StoredFigures``);
+    None: no request figures."""
 
-    def __init__(self, slos: dict | None = None, window_s: float = LIVE_WINDOW_S,
-                 step_s: float = STEP_S, clock=time.time, max_points: int = MAX_POINTS):
-        self.slos = slos or {}
+    def __init__(self, source=None, window_s: float = LIVE_WINDOW_S, step_s: float = STEP_S,
+                 clock=time.time, max_points: int = MAX_POINTS):
         self.window_s = window_s
         self.step_s = step_s
         self.clock = clock
         self.max_points = max_points
         self.started_unix = clock()
-        self.errors = 0                 # over the whole run (the status file's count)
-        self.errors_by_kind: dict[str, int] = {}
-        self._buckets: dict[int, Bucket] = {}
+        self.requests = StoredFigures(source, window_s, clock, self.started_unix)
         self._batches: dict[str, set] = {}       # worker -> batch numbers seen
         self._next_point = self.started_unix + step_s
         self.series: dict[str, list] = {k: [] for k in ("t_unix", *SERIES, *SERVER_SERIES,
@@ -96,8 +102,6 @@ class LiveWindow:
         self._verdicts: dict[str, dict] = {}     # worker -> its verdict at the last judgement
         self.scrapes: deque = deque()            # (t, server_state) of the last window
         self.scrape_status: str | None = None
-        self.spans: deque = deque()              # (t, queue_ms, prefill_ms) of recent spans
-        self.spans_total = 0
         self.users = None                        # callables set by the collector
         self.stage = None
         self._ticks = None
@@ -118,7 +122,8 @@ class LiveWindow:
 
     # ---- input ----------------------------------------------------------------------------
     def add_batch(self, data: dict) -> None:
-        """A worker's batch: its samples and its newest health row, once (a resend is a copy)."""
+        """A worker's batch: its newest health row, once (a resend is a copy). Its requests
+        count once the writer has stored them."""
         seen = self._batches.setdefault(data["worker"], set())
         if data["batch"] in seen:
             return
@@ -126,7 +131,6 @@ class LiveWindow:
         if len(seen) > 2 * BATCHES_KEPT:
             newest = max(seen)
             seen.difference_update([b for b in seen if b < newest - BATCHES_KEPT])
-        self.add(data.get("live"))
         health = data.get("health")
         if health:
             try:
@@ -134,22 +138,6 @@ class LiveWindow:
                                 orjson.loads(health.rstrip(b"\n").rsplit(b"\n", 1)[-1]))
             except (ValueError, TypeError) as exc:
                 log.warning("servelab: a health row the live view cannot read: %s", exc)
-
-    def add(self, samples, t: float | None = None) -> None:
-        """One batch's per-request samples (see ``live_stats``)."""
-        if not samples:
-            return
-        t = self.clock() if t is None else t
-        self.tick(t)
-        key = int(t)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = Bucket()
-        add_samples(bucket, samples, self.slos)
-        for s in samples:
-            if s[1] is not None and s[7] != "dropped":
-                self.errors += 1
-                self.errors_by_kind[s[1]] = self.errors_by_kind.get(s[1], 0) + 1
 
     def add_health(self, worker: str, row: dict, t: float | None = None) -> None:
         """A worker's newest ``client_health`` row (a dict)."""
@@ -166,24 +154,6 @@ class LiveWindow:
         while self.scrapes and t - self.scrapes[0][0] > self.window_s + self.step_s:
             self.scrapes.popleft()
 
-    def add_spans(self, phases: list, t: float | None = None) -> None:
-        """One export's (queue_ms, prefill_ms) per span joined to a request of this run."""
-        t = self.clock() if t is None else t
-        self.spans.extend((t, q, p) for q, p in phases)
-        self.spans_total += len(phases)
-        while self.spans and t - self.spans[0][0] > self.window_s + 2 * self.step_s:
-            self.spans.popleft()
-
-    def span_figures(self, lo: float, hi: float) -> dict:
-        """Medians and p99s of the spans received in (lo, hi]: live_stats' quantile."""
-        got = [(q, p) for t, q, p in self.spans if lo < t <= hi]
-        queue = [q for q, _ in got if q is not None]
-        prefill = [p for _, p in got if p is not None]
-        return {"spans": len(got),
-                "queue_p50_ms": quantile(queue, 0.5), "queue_p99_ms": quantile(queue, 0.99),
-                "prefill_p50_ms": quantile(prefill, 0.5),
-                "prefill_p99_ms": quantile(prefill, 0.99)}
-
     def _stage_no(self):
         return _stage_no(self.stage() if self.stage is not None else None)
 
@@ -198,7 +168,7 @@ class LiveWindow:
         self._health_changed = False
         workers = sorted(self.health)
         rows = [[r for _, r in self.health[w]] for w in workers]
-        medians = [{c: quantile([r[c] for r in rs if r.get(c) is not None], 0.5)
+        medians = [{c: _quantiles([r[c] for r in rs if r.get(c) is not None], (0.5,))[0]
                     for c in HEALTH_COLUMNS} for rs in rows]
         if self._rule_db is None:   # one thread: eight rows need no pool, and none to wake
             self._rule_db = duckdb.connect(config={"threads": 1})
@@ -219,95 +189,121 @@ class LiveWindow:
         latest = [x for x in latest if x is not None]
         return sum(latest) if latest else None
 
-    # ---- output ---------------------------------------------------------------------------
-    def _window(self, now: float, span: float) -> tuple[list[Bucket], float]:
-        lo = now - span
-        chosen = [b for k, b in self._buckets.items() if k + 1 > lo and k < now]
-        return chosen, max(min(span, now - self.started_unix), 1e-9)
+    # ---- the request figures: the views' SQL over the stored rows -------------------------
+    @property
+    def errors(self) -> int:
+        """Over the whole run (the status file's count)."""
+        return self.requests.errors
 
-    def figures(self, now: float | None = None) -> dict:
-        """The last window's request figures (a JSON-able dict, None where nothing counted)."""
-        now = self.clock() if now is None else now
-        buckets, span = self._window(now, self.window_s)
-        return figures(buckets, span)
+    def _fill(self, computed: dict) -> None:
+        """Series points get their request figures (``StoredFigures.refresh``)."""
+        index = {t: i for i, t in enumerate(self.series["t_unix"])}
+        for t, fig in computed.items():
+            i = index.get(t)
+            if i is None:      # thinned out while it waited
+                continue
+            for key in SERIES:
+                self.series[key][i] = fig[key]
+            self.series["span_queue_p50_ms"][i] = fig["spans"]["queue_p50_ms"]
+            self.series["span_prefill_p50_ms"][i] = fig["spans"]["prefill_p50_ms"]
+            for cls in set(self.class_series) | set(fig["classes"]):
+                cs = self.class_series.setdefault(cls, {k: [None] * len(index)
+                                                        for k in ("goodput", "slo_attainment")})
+                c = fig["classes"].get(cls, {})
+                cs["goodput"][i] = c.get("goodput", 0.0)
+                cs["slo_attainment"][i] = c.get("slo_attainment")
+
+    def finish(self) -> None:
+        """The run's last points and figures, while its database is open; no statement after."""
+        self.tick()
+        self.figures()
+        self.requests.source = None
+
+    def figures(self, max_age_s: float = 0.0) -> dict:
+        """The last window's request figures (a JSON-able dict, None where nothing counted),
+        from a statement at most ``max_age_s`` old."""
+        self._fill(self.requests.refresh(max_age_s))
+        return self.requests.now
 
     def headline(self) -> dict:
         """The status file's and the progress line's few figures of the last window."""
-        fig = self.figures()
+        fig = self.figures(STATUS_REFRESH_S)
         return {k: fig[k] for k in HEADLINE} | {"in_flight": self.in_flight()}
 
+    # ---- output ---------------------------------------------------------------------------
     def tick(self, now: float | None = None) -> None:
         """Append the series points that are due (the collector calls it every second)."""
         now = self.clock() if now is None else now
         while self._next_point <= now:
             self._point(self._next_point)
             self._next_point += self.step_s
-        horizon = now - self.window_s - 2 * self.step_s - 1
-        for k in [k for k in self._buckets if k < horizon]:
-            del self._buckets[k]
 
     def _point(self, t: float) -> None:
-        buckets = [b for k, b in self._buckets.items() if t - self.step_s <= k < t]
-        fig = figures(buckets, self.step_s)
+        """A point's server, span and generator figures now; its request figures (the rows
+        stored during its step) at the next statement."""
+        self.requests.point_due(t, self.step_s)
         s = self.series
         s["t_unix"].append(t)
         for key in SERIES:
-            s[key].append(fig[key])
+            s[key].append(None)
+        for cs in self.class_series.values():
+            for key in cs:
+                cs[key].append(None)
         server = server_figures([x for x in self.scrapes if x[0] <= t and
                                  x[0] > t - self.step_s - 1.0])
         for key in SERVER_SERIES:
             s[key].append(server.get(key))
-        spans = self.span_figures(t - self.step_s, t)
-        s["span_queue_p50_ms"].append(spans["queue_p50_ms"])
-        s["span_prefill_p50_ms"].append(spans["prefill_p50_ms"])
+        for key in SPAN_SERIES:
+            s[key].append(None)
         verdicts = list(self._verdicts.values())
         s["users"].append(self.users() if self.users is not None else None)
         s["in_flight"].append(self.in_flight())
         s["cpu_percent_max"].append(_max(v["cpu_percent"] for v in verdicts))
         s["loop_lag_p99_ms_max"].append(_max(v["loop_lag_p99_ms"] for v in verdicts))
-        n = len(s["t_unix"]) - 1
-        for cls in set(self.class_series) | set(fig["classes"]):
-            cs = self.class_series.setdefault(cls, {"goodput": [None] * n,
-                                                    "slo_attainment": [None] * n})
-            c = fig["classes"].get(cls, {})
-            cs["goodput"].append(c.get("goodput", 0.0))
-            cs["slo_attainment"].append(c.get("slo_attainment"))
         if len(s["t_unix"]) > self.max_points:
             for series in (s, *self.class_series.values()):
                 for key in series:
                     series[key] = series[key][1::2]
+            self.requests.keep(set(s["t_unix"]))
             self.step_s *= 2
 
     def view(self, stages: list[dict], since: float | None = None, **extra) -> dict:
         """Everything the LLM tab draws, as JSON (None, never NaN). ``since``: only the series
-        points after that time (a poller's increment)."""
+        points after that time (a poller's increment), and only those with their figures."""
         now = self.clock()
         self._judge()
         self.tick(now)
+        fig = dict(self.figures(VIEW_REFRESH_S))
         t = self.series["t_unix"]
+        done = len(t) - self.requests.due
         first = 0 if since is None else next((i for i, x in enumerate(t) if x > since), len(t))
         workers = dict(self._verdicts)
         server = server_figures(list(self.scrapes))
-        fig = self.figures(now)
         fig["users"] = self.users() if self.users is not None else None
         fig["in_flight"] = self.in_flight()
         return {
             **extra,
             "t_unix": now, "started_unix": self.started_unix, "window_s": self.window_s,
             "step_s": self.step_s, "now": fig,
-            "errors_total": self.errors, "errors_by_kind_total": dict(self.errors_by_kind),
+            "errors_total": self.errors,
+            "errors_by_kind_total": dict(self.requests.errors_by_kind),
             "server": dict(server, scrape=self.scrape_status),
-            "spans": dict(self.span_figures(now - self.window_s, now), total=self.spans_total),
+            "spans": dict(fig.pop("spans"), total=self.requests.spans_total),
             "generator": {"workers": workers,
                           "saturated": any(v["saturated"] for v in workers.values()),
                           "trips": list(self.trips),
                           "limits": {"loop_lag_p99_ms": LOOP_LAG_LIMIT_MS,
                                      "cpu_percent": CPU_LIMIT}},
             "stages": stages,
-            "series": {k: v[first:] for k, v in self.series.items()},
-            "class_series": {c: {k: v[first:] for k, v in s.items()}
+            "series": {k: v[first:done] for k, v in self.series.items()},
+            "class_series": {c: {k: v[first:done] for k, v in s.items()}
                              for c, s in sorted(self.class_series.items())},
         }
+
+
+def _quantiles(values: list, qs=(0.5, 0.99)) -> list[float | None]:
+    # None, not NaN: the view is JSON
+    return [None if x != x else x for x in quantiles_cont(values, qs)]
 
 
 def _verdict(rows: list[dict], medians: dict, saturated: bool, cause: str) -> dict:

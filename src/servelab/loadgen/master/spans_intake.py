@@ -188,10 +188,6 @@ class SpanIntake:
                 c["duplicates"] += 1
             else:
                 self._seen.add(row.server_request_id)
-        live = getattr(self.collector, "live", None)
-        if live is not None:   # the LLM tab's live queue and prefill: this run's first spans
-            live.add_spans([(_ms(r.time_in_queue_s), _ms(r.time_in_model_prefill_s))
-                            for r in rows if r.request_id and not r.duplicate])
         if rows:
             self._export_no += 1
             number, ran = self._export_no, self._ran
@@ -210,10 +206,6 @@ class SpanIntake:
         if self.last_problem is None:
             log.warning("servelab: an OTLP export was refused: %s", text)
         self.last_problem = text[:300]
-
-
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else 1000.0 * seconds
 
 
 def _answer(start_response, status: str, body: bytes, ctype: str):

@@ -15,12 +15,14 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 
 import duckdb
 import gevent
 from gevent.event import Event
 from gevent.queue import Queue
 
+from servelab.loadgen.master import live_figures
 from servelab.loadgen.master.reads import OPEN_LOCK, ReadSide
 from servelab.loadgen.master.scraper import metric_rows
 from servelab.store.db import Store
@@ -36,6 +38,8 @@ WRITE_INTERVAL_S = 1.0
 # The database thread yields the core to the event loop (Linux nice is per thread): a write in
 # progress must not delay the stamping of a chunk that arrived.
 DB_THREAD_NICE = 10
+MARKS_KEPT = 1024   # writes remembered (the live window reads the last ten seconds' of them)
+LIVE_TABLES = ("requests", "itl_sketches", "server_spans")
 
 
 def _open_store(open_db, db_path: str) -> Store:
@@ -68,6 +72,9 @@ class DbWriter:
         self._hurry = False
         # DatabaseLocked is raised here, before anything is sent to the workers
         self.store = pool.apply(_open_store, (open_db, db_path))
+        # (t_unix, *the ends of LIVE_TABLES) after each write: one past the last rowid
+        self.marks: deque = deque(maxlen=MARKS_KEPT)
+        pool.apply(self._note_ends)
         self.reads = ReadSide(self.store.con, db_path, run_id)
         self._greenlet = gevent.spawn(self._loop)
 
@@ -95,6 +102,12 @@ class DbWriter:
     def run_now(self, fn):
         """``fn(store)`` in the database thread, outside the queue; its result."""
         return self.pool.apply(fn, (self.store,))
+
+    def live_figures(self, spans: list[dict], firsts: tuple) -> list[dict]:
+        """The live window's statement (``live_figures.query``) over rowid spans of the rows
+        this run stored, between two writes."""
+        return self.run_now(lambda store: live_figures.query(store.con, self.run_id, spans,
+                                                             firsts))
 
     def close(self) -> None:
         self._greenlet.kill(block=False)
@@ -169,7 +182,21 @@ class DbWriter:
                 self._apart(batches, calls, metrics)
         acks.extend(b[:2] + (b[2]["batch"], b[2]["n_rows"], True) for b in batches
                     if b[2]["batch"] in b[1].stored_batches)
+        self._note_ends()
         return acks
+
+    def _note_ends(self) -> None:
+        """How far `requests`, `itl_sketches` and `server_spans` reach now (the live window's
+        rows are the spans between two writes: DuckDB numbers a table's rows in the order they
+        were appended); a table the file lacks reaches 0."""
+        ends = ", ".join(f"(SELECT coalesce(max(rowid) + 1, 0) FROM {t})"
+                         if self.store.has_table(t) else "0" for t in LIVE_TABLES)
+        try:
+            got = self.store.con.execute(f"SELECT {ends}").fetchone()
+        except duckdb.Error as exc:
+            self._failed("live marks", exc)
+            return
+        self.marks.append((time.time(), *got))
 
     def _sort(self, items: list):
         batches, calls, scrapes, acks, seen = [], [], [], [], set()

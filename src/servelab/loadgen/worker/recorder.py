@@ -38,7 +38,6 @@ class Recorder:
         self._rows: list[bytes] = []
         self._rows_bytes = 0
         self._health: list[bytes] = []
-        self._live: list[tuple] = []
         self._batch_no = 0
         self._unacked: dict[int, tuple[float, dict]] = {}
         self._greenlet = gevent.spawn(self._ship_loop)
@@ -57,7 +56,6 @@ class Recorder:
         self.produced += 1
         self._rows.append(line)
         self._rows_bytes += len(line)
-        self._live.append(_live_sample(row))
         if self._rows_bytes >= MAX_BATCH_BYTES:
             self.ship()
 
@@ -74,9 +72,8 @@ class Recorder:
         batch = {"run_id": self.run_id, "worker": self.worker, "batch": self._batch_no,
                  "rows": b"".join(self._rows), "n_rows": len(self._rows),
                  "health": b"".join(self._health), "started": self.started,
-                 "produced": self.produced,
-                 "live": self._live}
-        self._rows, self._rows_bytes, self._health, self._live = [], 0, [], []
+                 "produced": self.produced}
+        self._rows, self._rows_bytes, self._health = [], 0, []
         self._unacked[self._batch_no] = (time.monotonic(), batch)
         self._send(batch)
 
@@ -126,15 +123,3 @@ class Recorder:
             self._closed = True
             self._greenlet.kill(block=False)
             self.spool.close()
-
-
-def _live_sample(row: RequestRow) -> tuple:
-    """The master's live window's view of a request (``master/live_stats.py`` reads it): the
-    row's own lists travel by reference, so this costs a tuple, not a pass over the chunks."""
-    ttft, e2e = row.ttft_ms, row.e2e_ms
-    if ttft is None and row.first_token_unix is not None and row.sent_unix is not None:
-        ttft = 1000.0 * (row.first_token_unix - row.sent_unix)
-    if e2e is None and row.last_token_unix is not None and row.sent_unix is not None:
-        e2e = 1000.0 * (row.last_token_unix - row.sent_unix)
-    return (row.class_name, row.error_kind, ttft, e2e, row.output_tokens, row.chunk_offsets_ms,
-            row.chunk_tokens, row.arrival_status)

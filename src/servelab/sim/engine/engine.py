@@ -61,20 +61,9 @@ class StepOutput:
     duration_s: float
     events: list[TokenEvent] = field(default_factory=list)
     finished: list[Sequence] = field(default_factory=list)  # with their timings, for histograms
-    num_prefill_tokens: int = 0
-    num_decode_tokens: int = 0
-    num_prefill_seqs: int = 0
-    num_decode_seqs: int = 0
+    shape: BatchShape = field(default_factory=BatchShape)   # what the step scheduled
     num_preempted: int = 0
     draft_s: float = 0.0
-
-    @property
-    def num_scheduled_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_tokens
-
-    @property
-    def batch_size(self) -> int:
-        return self.num_prefill_seqs + self.num_decode_seqs
 
 
 @dataclass
@@ -227,10 +216,7 @@ class Engine:
 
     def _account(self, out: StepOutput, shape: BatchShape, duration: float) -> None:
         out.duration_s = duration
-        out.num_prefill_tokens = shape.prefill_tokens
-        out.num_decode_tokens = shape.decode_tokens
-        out.num_prefill_seqs = shape.num_prefill
-        out.num_decode_seqs = shape.num_decode
+        out.shape = shape
         stats = self._stats
         stats.num_steps_total += 1
         stats.iteration_tokens_total += shape.num_tokens

@@ -2,8 +2,8 @@
 step with work, same grammar and meaning (``specs/iteration_log.py``), so a simulated run's log
 fills ``server_iterations`` as a real server's does.
 
-What each field is here: context = the step's prefill chunks (``StepOutput.num_prefill_seqs`` /
-``num_prefill_tokens``), generation = its decodes, elapsed = the step's simulated model time
+What each field is here: context = the step's prefill chunks (``StepOutput.shape.num_prefill`` /
+``prefill_tokens``), generation = its decodes, elapsed = the step's simulated model time
 (``duration_s``: vLLM measures the wait for the forward pass, which the simulated step is), KV use
 = the block manager's after the step. The index counts steps with scheduled tokens, per engine.
 
@@ -32,7 +32,7 @@ class IterationLog:
         self._timer = None
 
     def record(self, engine: int, out, kv_usage: float) -> None:
-        if not out.num_scheduled_tokens:
+        if not out.shape.num_tokens:
             return   # vLLM logs no 0-token step
         now = time.time()
         second = int(now)
@@ -42,8 +42,8 @@ class IterationLog:
         i = self.index.get(engine, 0)
         self.index[engine] = i + 1
         self.lines.append(f"INFO {self._stamp} [loggers.py:182] " + format_iteration(
-            engine, i, out.num_prefill_seqs, out.num_prefill_tokens, out.num_decode_seqs,
-            out.num_decode_tokens, out.duration_s * 1e3, kv_usage))
+            engine, i, out.shape.num_prefill, out.shape.prefill_tokens, out.shape.num_decode,
+            out.shape.decode_tokens, out.duration_s * 1e3, kv_usage))
         if len(self.lines) >= self.max_lines:
             self.flush()
         elif self._timer is None:

@@ -135,8 +135,8 @@ class EngineDriver:
             if lag > m.lag_max:
                 m.lag_max = lag
             m.steps += 1
-            if out.num_scheduled_tokens:
-                m.iteration_tokens.observe(out.num_scheduled_tokens)
+            if out.shape.num_tokens:
+                m.iteration_tokens.observe(out.shape.num_tokens)
             if self.iteration_log is not None:   # logged at the step's end, as vLLM does
                 self.iteration_log.record(self.index, out, engine.block_manager.usage)
             if self.api.enabled:   # the chunks leave once the API server has processed them
