@@ -48,6 +48,33 @@ def test_unknown_hardware_lists_known_ones():
         load_hardware("TPUv5")
 
 
+@pytest.mark.parametrize("edit,where", [
+    (("memory_gb: 80", "memory_gb: lots"), ":{line}: memory_gb: found 'lots'; write a positive number"),
+    (("  bf16: 989", "  bf16: -1"), ":{line}: tflops_dense.bf16: found -1; write a positive number"),
+    (("compute_capability: \"9.0\"", "compute_capability: nine"),
+     ":{line}: compute_capability: found 'nine'; write it like \"8.9\""),
+    (("memory_mib: 81559", "# memory_mib: 81559"), ": memory_mib: missing; add it"),
+    (("memory_gb: 80", "memory_gb: 80\nmemory_gb: 81"), ":{line2}: memory_gb: given twice"),
+    (("  type: nvlink", "  type: infiniband"), ":{line}: interconnect.type: found 'infiniband'"),
+    (("memory_gb: 80", "memory_gb: [80"), ": not valid YAML"),
+])
+def test_a_bad_hardware_file_names_its_line_and_field(tmp_path, edit, where):
+    from servelab.specs.hardware import hardware_dir, read_hardware_file
+    text = (hardware_dir() / "H100.yaml").read_text()
+    old, new = edit
+    assert old in text, old
+    bad = tmp_path / "H100.yaml"
+    bad.write_text(text.replace(old, new, 1))
+    lines = bad.read_text().splitlines()
+    key = old.split(":")[0]
+    at = [i + 1 for i, ln in enumerate(lines) if ln.startswith(key) or ln.strip().startswith(key.strip())]
+    with pytest.raises(ServelabError) as got:
+        read_hardware_file(bad)
+    message = str(got.value)
+    assert message.startswith(str(bad)), message
+    assert where.format(line=at[0] if at else 1, line2=at[-1] if at else 1) in message, message
+
+
 def test_model_ids_map_to_directories_both_ways():
     assert model_dir_name("Qwen/Qwen2.5-7B-Instruct") == "Qwen--Qwen2.5-7B-Instruct"
     assert hf_id_from_dir("meta-llama--Llama-3.1-8B-Instruct") == "meta-llama/Llama-3.1-8B-Instruct"

@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
+from servelab.core import yamlsource
 from servelab.core.errors import ServelabError
 from servelab.core.paths import servers_dir
 
@@ -55,43 +54,75 @@ def list_hardware() -> list[str]:
     return sorted(p.stem for p in hardware_dir().glob("*.yaml"))
 
 
-def _require(data: dict, key: str, path: Path):
-    if key not in data or data[key] is None:
-        raise ServelabError(f"{path}: field '{key}' is missing; add it (see servers/hardware/H100.yaml)")
-    return data[key]
+class _Fields:
+    """A hardware file's fields, each problem named with its file, line and field."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            self.doc = yamlsource.parse(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ServelabError(f"{path}: cannot read it ({exc.strerror})") from None
+        except yamlsource.YamlSyntaxError as exc:
+            raise ServelabError(f"{path}:{exc.line}: not valid YAML: {exc}") from None
+        for field_path, line, first in self.doc.duplicates:
+            self.fail(field_path, f"given twice (lines {first} and {line}); keep one", line)
+        if not isinstance(self.doc.data, dict):
+            self.fail((), "expected a mapping of fields at the top level")
+
+    def fail(self, field: tuple, problem: str, line: int | None = None):
+        line = line or yamlsource.line_of(self.doc, field)
+        name = ".".join(str(p) for p in field) or "(file)"
+        raise ServelabError(f"{self.path}:{line}: {name}: {problem}")
+
+    def get(self, *field: str, required: bool = True):
+        node = self.doc.data
+        for i, key in enumerate(field):
+            if not isinstance(node, dict):
+                self.fail(field[:i], f"found {node!r}; expected a mapping with '{key}'")
+            node = node.get(key)
+        if node is None and required:
+            self.fail(field, "missing; add it (see servers/hardware/H100.yaml)")
+        return node
+
+    def number(self, *field: str, required: bool = True) -> float | None:
+        value = self.get(*field, required=required)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            self.fail(field, f"found {value!r}; write a positive number")
+        return float(value)
 
 
-def _parse(path: Path) -> HardwareSpec:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ServelabError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ServelabError(f"{path}: expected a mapping of fields at the top level")
-    cc_text = str(_require(data, "compute_capability", path))
+def read_hardware_file(path: Path) -> HardwareSpec:
+    """One servers/hardware file, checked: a problem names its file, line and field."""
+    f = _Fields(path)
+    cc_text = str(f.get("compute_capability"))
     try:
         major, minor = (int(x) for x in cc_text.split("."))
     except ValueError:
-        raise ServelabError(f"{path}: compute_capability: found {cc_text!r}; write it like \"8.9\"") from None
-    tflops = _require(data, "tflops_dense", path)
-    link = _require(data, "interconnect", path)
-    link_type = str(_require(link, "type", path)).lower()
+        f.fail(("compute_capability",), f"found {cc_text!r}; write it like \"8.9\"")
+    link_type = str(f.get("interconnect", "type")).lower()
     if link_type not in ("nvlink", "pcie"):
-        raise ServelabError(f"{path}: interconnect.type: found {link_type!r}; allowed nvlink, pcie")
-    names = data.get("nvidia_smi_names") or [f"NVIDIA {data['name']}"]
+        f.fail(("interconnect", "type"), f"found {link_type!r}; allowed nvlink, pcie")
+    name = str(f.get("name"))
+    names = f.get("nvidia_smi_names", required=False) or [f"NVIDIA {name}"]
+    if not isinstance(names, list):
+        f.fail(("nvidia_smi_names",), f"found {names!r}; write a list of names")
+    link_bw = f.number("interconnect", "bandwidth_gb_s")
     return HardwareSpec(
-        name=str(_require(data, "name", path)),
+        name=name,
         nvidia_smi_names=tuple(str(n) for n in names),
         compute_capability=(major, minor),
-        memory_gb=float(_require(data, "memory_gb", path)),
-        memory_mib=int(_require(data, "memory_mib", path)),
-        bandwidth_gb_s=float(_require(data, "memory_bandwidth_gb_s", path)),
-        tflops_bf16=float(_require(tflops, "bf16", path)),
-        tflops_fp8=None if tflops.get("fp8") is None else float(tflops["fp8"]),
-        tflops_int8=None if tflops.get("int8") is None else float(tflops["int8"]),
+        memory_gb=f.number("memory_gb"),
+        memory_mib=int(f.number("memory_mib")),
+        bandwidth_gb_s=f.number("memory_bandwidth_gb_s"),
+        tflops_bf16=f.number("tflops_dense", "bf16"),
+        tflops_fp8=f.number("tflops_dense", "fp8", required=False),
+        tflops_int8=f.number("tflops_dense", "int8", required=False),
         link_type=link_type,
-        link_bandwidth_gb_s=float(_require(link, "bandwidth_gb_s", path)),
-        allreduce_gb_s=float(link.get("allreduce_gb_s") or _require(link, "bandwidth_gb_s", path) / 3),
+        link_bandwidth_gb_s=link_bw,
+        allreduce_gb_s=f.number("interconnect", "allreduce_gb_s", required=False) or link_bw / 3,
         path=path,
     )
 
@@ -101,7 +132,7 @@ def load_hardware(name: str) -> HardwareSpec:
     wanted = name.strip().lower()
     for stem in list_hardware():
         if stem.lower() == wanted:
-            return _parse(hardware_dir() / f"{stem}.yaml")
+            return read_hardware_file(hardware_dir() / f"{stem}.yaml")
     found = hardware_for_gpu_name(name)
     if found is not None:
         return found
@@ -115,7 +146,7 @@ def hardware_for_gpu_name(gpu_name: str) -> HardwareSpec | None:
     """Map an nvidia-smi ``name`` (e.g. ``NVIDIA L40S``) to its spec, or None."""
     wanted = gpu_name.strip().lower()
     for stem in list_hardware():
-        spec = _parse(hardware_dir() / f"{stem}.yaml")
+        spec = read_hardware_file(hardware_dir() / f"{stem}.yaml")
         if any(n.lower() == wanted for n in spec.nvidia_smi_names):
             return spec
     return None
