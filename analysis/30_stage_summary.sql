@@ -261,8 +261,10 @@ WITH
 points AS (
     SELECT unnest(spans, recursive := true)
 ),
-counted AS (
-    SELECT p.point, r.*, coalesce(r.class_name, '(none)') AS cls
+counted AS (   -- the columns used, not r.*: two readers make DuckDB materialise it
+    SELECT p.point, r.run_id, r.request_id, coalesce(r.class_name, '(none)') AS cls, r.ok,
+           r.dropped, r.error_kind, r.slo_met, r.ttft_ms, r.tpot_ms, r.e2e_ms, r.output_tokens,
+           r.chunk_tokens_total, r.n_chunks
     FROM request_metrics r
     JOIN points p ON r.request_rowid >= p.lo AND r.request_rowid < p.hi
     WHERE r.request_rowid >= lo_min AND r.run_id = run
