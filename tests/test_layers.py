@@ -46,7 +46,7 @@ ALLOWED: dict[str, set[str]] = {
     _CLIENT: {_CORE, _STORE},   # HTTP and SSE, no Locust: nothing else of loadgen
     _WORKER: {_CORE, _PROFILES, _STORE, _LOADGEN, _CLIENT},
     _MASTER: {_CORE, _PROFILES, _SPECS, _STORE, _LOADGEN, _CLIENT},
-    _WEB: {_CORE, _PROFILES, _STORE, "servelab.loadgen.master.reads"},   # the UI's reads
+    _WEB: {_CORE, _PROFILES, _STORE},
     _USERS: {_CORE, _LOADGEN, _WORKER},
     _PLUGIN: {_CORE, _PROFILES, _STORE, _LOADGEN, _WORKER, _MASTER, _WEB, _USERS},
     _ANALYSIS: {_CORE, _SPECS, _STORE, _LOADGEN},

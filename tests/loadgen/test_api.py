@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from loadgen_helpers import ROOT, _env, calibration, chat_profile, servelab, wait_for
-from servelab.analysis import remote
+from servelab.store import read_remote as remote
 from servelab.analysis.views import open_results_db
 from servelab.core import procs
-from servelab.loadgen.web.sql_guard import Guard, Refused
+from servelab.store.read_guard import Guard, Refused
 from servelab.store import readers
 FIGURES = ("requests", "errors", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "tpot_p50_ms",
            "output_tokens_per_s", "requests_per_s", "goodput")

@@ -21,7 +21,7 @@ import duckdb
 from servelab.core.errors import ServelabError
 from servelab.core.paths import default_db
 
-from . import remote
+from servelab.store import read_remote as remote
 from .views import has_schema, install_views, open_results_db, stale_views, view_files
 
 

@@ -8,7 +8,9 @@ for the sidecar when the file is locked. Query results travel as JSON with their
 kept (``encode_rows`` on the master, ``decode`` on the reader); ``plain`` is the lossy form the
 API's own routes answer with (NaN as null, decimals as numbers, timestamps as ISO text).
 
-Both sides live here, below the load generator and the analysis layer that use them.
+Every part of it lives in ``store``, below the load generator and the analysis layer that use
+it: this module (the sidecar, the typed JSON), ``read_side`` (the master answers), ``read_guard``
+(its read-only rule) and ``read_remote`` (the reader's connection).
 """
 from __future__ import annotations
 

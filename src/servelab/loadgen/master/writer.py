@@ -7,7 +7,7 @@ each row batch is acknowledged to its worker; a batch number seen before is ackn
 and not stored twice. A failure of one source (a scrape the parser refuses, a call, a bad value)
 fails only that source: the rest is stored apart, and a batch counts as stored only once the
 database holds it (``stored_batches``, committed with its rows). Others read the file through
-``reads.ReadSide`` while the writer holds it.
+``store.read_side.ReadSide`` while the writer holds it.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from gevent.event import Event
 from gevent.queue import Queue
 
 from servelab.loadgen.master import live_figures
-from servelab.loadgen.master.reads import OPEN_LOCK, ReadSide
+from servelab.store.read_side import OPEN_LOCK, ReadSide
 from servelab.loadgen.master.scraper import metric_rows
 from servelab.store.db import Store
 from servelab.store.rows import StoredBatch

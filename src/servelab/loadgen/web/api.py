@@ -6,7 +6,7 @@ Mounted on Locust's web UI (behind ``--web-login`` when it is on), or, headless,
 server of its own on 127.0.0.1 (``--api-port``; port 0: an ephemeral port whose every route
 asks for the run's token, so only the sidecar's readers use it). Reads never run on the event
 loop: on a cursor of the writer's connection in a thread of their own while a run holds the
-file (``master.reads``), else on a short read-only open.
+file (``store.read_side``), else on a short read-only open.
 """
 from __future__ import annotations
 
@@ -23,8 +23,7 @@ from flask import Blueprint, Flask, Response, request
 from gevent import pywsgi
 
 from servelab.core.paths import default_db
-from servelab.loadgen.master import reads
-from servelab.store import readers
+from servelab.store import read_side as reads, readers
 
 log = logging.getLogger("servelab.loadgen")
 PREFIX = "/servelab/api"
@@ -293,7 +292,7 @@ class Api:
 
 def _query(side, cur, sql: str, params: list) -> tuple[int, bytes]:
     """In the read thread: check, run, fetch and encode (the event loop only sends the bytes)."""
-    from servelab.loadgen.web.sql_guard import Guard, Refused
+    from servelab.store.read_guard import Guard, Refused
 
     def error(code, kind, message):
         return code, json.dumps({"error": kind, "message": message}).encode()

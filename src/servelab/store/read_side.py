@@ -50,7 +50,7 @@ class ReadSide:
         self.cursor = con.cursor()
         self.pool = ThreadPool(1)
         self.closed = False
-        self.guard = None   # web.sql_guard.Guard, built by the first query that needs one
+        self.guard = None   # read_guard.Guard, built by the first query that needs one
         self.sidecar: dict | None = None
         if Endpoint.url:
             try:

@@ -5,7 +5,7 @@ master's JSON API listens (``store.readers``). It does what the analysis code as
 connection: ``execute(sql, params)`` and ``close()``, and results with ``description``,
 ``fetchall``, ``fetchone``, ``fetchmany`` and ``fetchnumpy``. Each ``execute`` is one POST to
 ``/servelab/api/query`` with the run's token; the master runs read statements only (its rule:
-``loadgen.web.sql_guard``) and answers with the values' DuckDB types kept.
+``store.read_guard``) and answers with the values' DuckDB types kept.
 """
 from __future__ import annotations
 
