@@ -168,6 +168,14 @@ def _walk(node, path: tuple, doc: YamlDoc, seen_nodes: set) -> None:
             _walk(item, path + (i,), doc, seen_nodes)
 
 
+def field_message(source, doc: YamlDoc | None, path: tuple, problem: str,
+                  line: int | None = None) -> str:
+    """``source:line: dotted.field: problem``, the line the field's (or ``line``)."""
+    if line is None:
+        line = line_of(doc, path) if doc is not None else 1
+    return f"{source}:{line}: {'.'.join(str(p) for p in path) or '(file)'}: {problem}"
+
+
 def line_of(doc: YamlDoc, path: tuple) -> int:
     """The line of the deepest known part of ``path`` (a missing key points at its parent)."""
     for end in range(len(path), -1, -1):

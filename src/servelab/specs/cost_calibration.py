@@ -131,9 +131,8 @@ def applies_to(config) -> dict:
 
 
 def _fail(path: Path, doc, field: tuple, found, allowed: str):
-    line = yamlsource.line_of(doc, field) if doc is not None else 1
-    name = ".".join(str(p) for p in field) or "(file)"
-    raise ServelabError(f"{path}:{line}: {name}: found {found!r}; allowed {allowed}")
+    raise ServelabError(yamlsource.field_message(path, doc, field,
+                                                 f"found {found!r}; allowed {allowed}"))
 
 
 def load_calibration(path: str | os.PathLike) -> Calibration:

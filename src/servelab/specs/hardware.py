@@ -71,9 +71,7 @@ class _Fields:
             self.fail((), "expected a mapping of fields at the top level")
 
     def fail(self, field: tuple, problem: str, line: int | None = None):
-        line = line or yamlsource.line_of(self.doc, field)
-        name = ".".join(str(p) for p in field) or "(file)"
-        raise ServelabError(f"{self.path}:{line}: {name}: {problem}")
+        raise ServelabError(yamlsource.field_message(self.path, self.doc, field, problem, line))
 
     def get(self, *field: str, required: bool = True):
         node = self.doc.data

@@ -43,7 +43,6 @@ def schema_sql() -> str:
 # below 0); NULL, NaN and infinite gaps have no bucket. Kept here, beside the insert it follows,
 # because the writer must not import the analysis layer; the analysis layer backfills with it.
 SKETCH_GAMMA_SQL = "1.01 / 0.99"
-SKETCH_GAMMA = 1.01 / 0.99
 SKETCH_ZERO_BIN = -500000
 SKETCH_NEGATIVE_BASE = -1000000
 

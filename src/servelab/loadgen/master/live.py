@@ -25,14 +25,14 @@ import gevent
 import orjson
 
 from servelab.loadgen.messages import StageMessage
-from servelab.core.quantiles import quantiles_cont
+from servelab.core.quantiles import quantile_cont
 from servelab.loadgen.master.live_figures import StoredFigures
 from servelab.loadgen.master.scraper import server_figures
 from servelab.store.runs import CPU_LIMIT, HEALTH_COLUMNS, LOOP_LAG_LIMIT_MS, judge_medians
 
 LIVE_WINDOW_S = 10.0
 STEP_S = 2.0
-# A statement costs the database thread 10-25 ms, two thirds of it DuckDB planning it: the LLM
+# A statement costs the database thread 12-28 ms, two thirds of it DuckDB planning it: the LLM
 # tab (polling every 1.5 s) gets a new one every other poll, the status file and the progress
 # line one per window (bench/live_window_cost.py)
 VIEW_REFRESH_S = 2.9
@@ -168,7 +168,7 @@ class LiveWindow:
         self._health_changed = False
         workers = sorted(self.health)
         rows = [[r for _, r in self.health[w]] for w in workers]
-        medians = [{c: _quantiles([r[c] for r in rs if r.get(c) is not None], (0.5,))[0]
+        medians = [{c: _median([r[c] for r in rs if r.get(c) is not None])
                     for c in HEALTH_COLUMNS} for rs in rows]
         if self._rule_db is None:   # one thread: eight rows need no pool, and none to wake
             self._rule_db = duckdb.connect(config={"threads": 1})
@@ -281,6 +281,7 @@ class LiveWindow:
         server = server_figures(list(self.scrapes))
         fig["users"] = self.users() if self.users is not None else None
         fig["in_flight"] = self.in_flight()
+        spans = fig.pop("spans")
         return {
             **extra,
             "t_unix": now, "started_unix": self.started_unix, "window_s": self.window_s,
@@ -288,7 +289,7 @@ class LiveWindow:
             "errors_total": self.errors,
             "errors_by_kind_total": dict(self.requests.errors_by_kind),
             "server": dict(server, scrape=self.scrape_status),
-            "spans": dict(fig.pop("spans"), total=self.requests.spans_total),
+            "spans": dict(spans, total=self.requests.spans_total),
             "generator": {"workers": workers,
                           "saturated": any(v["saturated"] for v in workers.values()),
                           "trips": list(self.trips),
@@ -301,9 +302,9 @@ class LiveWindow:
         }
 
 
-def _quantiles(values: list, qs=(0.5, 0.99)) -> list[float | None]:
-    # None, not NaN: the view is JSON
-    return [None if x != x else x for x in quantiles_cont(values, qs)]
+def _median(values: list) -> float | None:
+    m = quantile_cont(values, 0.5)
+    return None if m != m else m   # None, not NaN: the view is JSON
 
 
 def _verdict(rows: list[dict], medians: dict, saturated: bool, cause: str) -> dict:

@@ -5,7 +5,7 @@ A request counts once the writer has stored it (its batch's write, a second or s
 ended): the writer notes how far the `requests` table reached at each write (``DbWriter.marks``),
 and a series point's requests are the rows stored during its step, the window's those stored in
 its last ten seconds, so no clock has to agree between hosts. A statement costs the database
-thread 10-25 ms, two thirds of it planning, whatever it covers, so the window and every point
+thread 12-28 ms, two thirds of it planning, whatever it covers, so the window and every point
 due since the last one go in one, and only when asked (bench/live_window_cost.py).
 """
 from __future__ import annotations
