@@ -287,6 +287,35 @@ def test_series_is_bounded_and_json_clean(tmp_path):
     assert newer == series["t_unix"][-1:]
 
 
+def test_a_point_due_while_a_statement_runs_waits_for_the_next(tmp_path):
+    """The statement waits on the database thread while the ticker adds the next point: that
+    point gets its figures from the next statement, the first keeps its own."""
+    clock = Clock(T0)
+    rows = Rows(tmp_path)
+    live = LiveWindow(source=rows, clock=clock)
+    asked = rows.live_figures
+
+    def slow(spans, firsts):   # the ticker runs while this one waits
+        got = asked(spans, firsts)
+        clock.t += 1.0
+        rows.write(clock.t, [_row(1, clock.t)])     # stored during the next point's step
+        clock.t += 1.0
+        live.tick()
+        return got
+
+    clock.t = T0 + 1
+    rows.write(clock.t, [_row(0, clock.t)])
+    clock.t = T0 + 2.5
+    live.tick()                                    # the point at T0 + 2 is due
+    rows.live_figures = slow
+    live.figures()                                 # ... and the one at T0 + 4 falls due inside
+    assert live.series["t_unix"] == [T0 + 2, T0 + 4]
+    assert live.series["requests_per_s"] == [0.5, None]
+    rows.live_figures = asked
+    live.figures()
+    assert live.series["requests_per_s"] == [0.5, 0.5]
+
+
 def test_figures_wait_for_their_rows_and_survive_a_failing_database(tmp_path):
     """A point's figures come with the statement after its step (never a made-up zero before);
     a statement that fails keeps the last figures and the run."""

@@ -77,9 +77,12 @@ class StoredFigures:
             return {}
         self._refreshed = now
         end = self._ends_at(now)
+        # The statement waits on the database thread: a point that falls due meanwhile (the
+        # ticker) waits for the next statement.
+        asked = dict(self._pending)
         spans = {WINDOW: (self._ends_at(now - self.window_s), end), NEW: (self._counted, end),
-                 **{t: p[:2] for t, p in self._pending.items()}}
-        keys = {WINDOW: WINDOW, NEW: NEW, **{t: i for i, t in enumerate(self._pending)}}
+                 **{t: p[:2] for t, p in asked.items()}}
+        keys = {WINDOW: WINDOW, NEW: NEW, **{t: i for i, t in enumerate(asked)}}
         try:
             rows = self.source.live_figures(
                 [{"point": keys[k], "lo": lo[0], "hi": hi[0], "span_lo": lo[2], "span_hi": hi[2]}
@@ -100,8 +103,9 @@ class StoredFigures:
         for kind, n in new["errors_by_kind"].items():
             self.errors += n
             self.errors_by_kind[kind] = self.errors_by_kind.get(kind, 0) + n
-        done, self._pending = self._pending, {}
-        return {t: figures_of(by_point.get(keys[t], []), p[2]) for t, p in done.items()}
+        for t in asked:
+            self._pending.pop(t, None)
+        return {t: figures_of(by_point.get(keys[t], []), p[2]) for t, p in asked.items()}
 
 
 def figures_of(rows: list[dict], span_s: float) -> dict:
