@@ -33,9 +33,11 @@ from servelab.store.runs import CPU_LIMIT, HEALTH_COLUMNS, LOOP_LAG_LIMIT_MS, ju
 LIVE_WINDOW_S = 10.0
 STEP_S = 2.0
 # A statement costs the database thread 12-28 ms, two thirds of it DuckDB planning it: the LLM
-# tab (polling every 1.5 s) gets a new one every other poll, the status file and the progress
-# line one per window (bench/live_window_cost.py)
+# tab (polling every 1.5 s) gets a new one every other poll, or at its next poll a second after
+# a series point fell due (its charts move one point per step), the status file and the
+# progress line one per window (bench/live_window_cost.py)
 VIEW_REFRESH_S = 2.9
+VIEW_DUE_REFRESH_S = 1.0
 STATUS_REFRESH_S = LIVE_WINDOW_S
 log = logging.getLogger("servelab.loadgen")
 BATCHES_KEPT = 1000         # batch numbers remembered per worker (a resend comes after 5 s)
@@ -273,7 +275,7 @@ class LiveWindow:
         now = self.clock()
         self._judge()
         self.tick(now)
-        fig = dict(self.figures(VIEW_REFRESH_S))
+        fig = dict(self.figures(VIEW_DUE_REFRESH_S if self.requests.due else VIEW_REFRESH_S))
         t = self.series["t_unix"]
         done = len(t) - self.requests.due
         first = 0 if since is None else next((i for i, x in enumerate(t) if x > since), len(t))
