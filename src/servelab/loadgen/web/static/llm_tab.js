@@ -94,7 +94,7 @@
     }
     panel.append(grid, el("div", { id: "servelab-tables" }),
       el("p", { class: "servelab-note" },
-        "Figures of the last 10 s as requests finish (warm-up included); the stored stages are " +
+        "Figures of the requests stored in the last 10 s (warm-up included); the stored stages are " +
         "the results: `servelab summary`. Dashed lines: a stage's measured window starts."));
   }
 
