@@ -11,9 +11,11 @@
 --   ttft_sched_ms = 1000*(first_token_unix - scheduled_unix)    (coordinated-omission aware).
 --   e2e_sched_ms  = 1000*(last_token_unix - scheduled_unix).
 --   chunk weight  k_i = servelab_chunk_weight(chunk_tokens[i]): 1 when NULL or < 1 (a content chunk
---                 carries text);
+--                 carries text; the macro is the store's, src/servelab/store/schema.sql, which
+--                 derives the chunk scalars with it);
 --                 chunk_token_source says whether the counts came from per-chunk usage or are the
---                 recorder's 1-per-chunk estimate. g_i = offset_i - offset_{i-1} (i >= 2).
+--                 recorder's 1-per-chunk estimate. g_i = offset_i - offset_{i-1} (i >= 2):
+--                 servelab_chunk_gaps(chunk_offsets_ms), the store's macro too.
 --   n_chunks      = number of content chunks; tokens_per_chunk = sum(k_i) / n_chunks.
 --   itl_chunk_mean_ms = mean of the chunk gaps g_i.
 --   itl_mean_ms   = sum(g_i) / sum(k_i, i >= 2): the per-request mean of the per-token view
@@ -34,7 +36,7 @@
 --       gap, is judged by the pace of its text like any other variant.
 --   e2e_slo_met   = ok AND e2e_ms <= slo_e2e_ms.
 --   slo_met       = ok AND every SLO that the class sets is met.  A failed request meets no SLO.
-CREATE OR REPLACE MACRO servelab_chunk_weight(k) AS greatest(coalesce(k, 1), 1);
+
 -- tpot_ms and slo_met, as macros (request_metrics' columns; the master's live window reads them
 -- through request_metrics too: servelab_live_figures in 30_stage_summary.sql).
 CREATE OR REPLACE MACRO servelab_tpot_ms(e2e_ms, ttft_ms, output_tokens) AS
@@ -126,8 +128,7 @@ SELECT
          THEN list_transform(d.chunk_tokens, lambda k: servelab_chunk_weight(k))
          ELSE list_transform(range(1, d.chunk_count + 1), lambda i: servelab_chunk_weight(d.chunk_tokens[i]))
     END AS chunk_weights,
-    list_transform(list_zip(list_slice(d.chunk_offsets_ms, 2, -1), list_slice(d.chunk_offsets_ms, 1, -2)),
-                   lambda pair: pair[1] - pair[2]) AS gaps_ms,
+    servelab_chunk_gaps(d.chunk_offsets_ms) AS gaps_ms,
     d.request_rowid
 FROM derived d
 LEFT JOIN stages s ON s.run_id = d.run_id AND s.stage = d.stage

@@ -5,15 +5,13 @@
 --   p50_ms .. p99_ms: quantile_cont's definition (interpolation between the order statistics at
 --   floor(h) and floor(h)+1, h = (samples - 1) q), each order statistic read from the merged
 --   DDSketch of the group's requests (itl_sketches: bucket i holds (gamma^(i-1), gamma^i], gamma =
---   1.01/0.99, read as 2 gamma^i / (gamma + 1)). Each order statistic is then within 1% of the true
---   one (relative), and so is their interpolation, whatever the distribution; 0 is exact.
+--   1.01/0.99, read as 2 gamma^i / (gamma + 1): the store's macros servelab_sketch_bin and
+--   servelab_sketch_value, src/servelab/store/schema.sql). Each order statistic is then within 1%
+--   of the true one (relative), and so is their interpolation, whatever the distribution; 0 is
+--   exact.
 --   itl_stage_quantiles_exact gives the exact figures (it reads every chunk gap).
 -- Why a sketch: merging adds bucket counts, so a stage of a million requests x 256 chunks reads
 -- about one row per (request, distinct bucket) instead of sorting 256 M samples.
-CREATE OR REPLACE MACRO servelab_sketch_value(b) AS
-    CASE WHEN b = -500000 THEN 0.0
-         WHEN b < -500000 THEN -2 * pow(1.01 / 0.99, -1000000 - b) / (1.01 / 0.99 + 1)
-         ELSE 2 * pow(1.01 / 0.99, b) / (1.01 / 0.99 + 1) END;
 
 -- servelab_sketch_quantile(bin, cum, total, q): an aggregate over a merged sketch's buckets, one
 -- row per bucket with its count cumulated in bucket order (cum) and the sketch's sample count

@@ -170,14 +170,24 @@ def test_live_windows_set_after_rows_and_cut_short(tmp_path):
 
 
 def test_read_only_reader_of_a_file_without_scalars(tmp_path):
-    """A file from before the scalar columns, opened read-only (another reader holds it for
-    writing): a TEMP view computes them from the lists; a writer's open adds and fills them."""
+    """A file from before the scalar columns and the store's chunk macros, opened read-only
+    (another reader holds it for writing): TEMP macros and a TEMP view compute them from the
+    lists; a writer's open adds and fills them."""
+    from servelab.analysis.views import SCHEMA_MACRO, view_names
+    from servelab.store.db import schema_sql
+
     path = tmp_path / "old.duckdb"
     con = create_db(path)
     for name in REQUEST_SCALARS:
         con.execute(f"ALTER TABLE requests DROP COLUMN {name}")
     insert(con, _rows())
     backfill_sketches(con)   # the version before the scalars wrote its sketches
+    for view in view_names():
+        con.execute(f"DROP VIEW IF EXISTS {view}")
+    macros = [m.group(0).split()[4].split("(")[0] for m in SCHEMA_MACRO.finditer(schema_sql())]
+    assert {"servelab_chunk_weight", "servelab_chunk_gaps", "servelab_sketch_bin"} <= set(macros)
+    for name in macros:
+        con.execute(f"DROP MACRO {name}")
     con.close()
     query = "SELECT * FROM stage_summary ORDER BY ALL"
     temp = read_only_rows(path, query)

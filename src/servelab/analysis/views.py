@@ -23,6 +23,8 @@ from servelab.specs.server_kinds import KINDS
 VIEW_FILE = re.compile(r"^\d+_[a-z0-9_]+\.sql$")
 CREATED = re.compile(r"CREATE\s+OR\s+REPLACE\s+(VIEW|MACRO)\s+([A-Za-z_][A-Za-z0-9_]*)", re.IGNORECASE)
 SCHEMA_TABLE = re.compile(r"CREATE TABLE IF NOT EXISTS (\w+) \(.*?\n\);", re.DOTALL)
+# The store's macros (what a request's chunk lists mean; schema.sql), which the views read.
+SCHEMA_MACRO = re.compile(r"^CREATE OR REPLACE MACRO \w+\(.*?;$", re.MULTILINE | re.DOTALL)
 SCHEMA_COLUMN = re.compile(r"^ALTER TABLE (\w+) ADD COLUMN IF NOT EXISTS (\w+) [^;]+;", re.MULTILINE)
 STAMP = re.compile(r"\[servelab (\S+) sha256:([0-9a-f]+)\]\s*$")
 # Where a view file takes the server kinds' metric names (each kind's package owns its own).
@@ -143,6 +145,16 @@ def _add_missing_tables(con: duckdb.DuckDBPyConnection, temporary: bool) -> None
             con.execute(ddl)
 
 
+def _add_store_macros(con: duckdb.DuckDBPyConnection, temporary: bool) -> None:
+    """The store's macros, which the views read: a writer's ``open_db`` puts them in the file, but
+    a file from before them, opened read-only or around ``open_db``, lacks them."""
+    from servelab.store.db import schema_sql
+
+    for match in SCHEMA_MACRO.finditer(schema_sql()):
+        sql = match.group(0)
+        con.execute(sql.replace("OR REPLACE MACRO", "OR REPLACE TEMP MACRO", 1) if temporary else sql)
+
+
 def _add_missing_columns(con: duckdb.DuckDBPyConnection, temporary: bool) -> None:
     """Columns that schema.sql gained after this file was created. A writer adds them (the chunk
     scalars are then filled by ``fill_request_scalars``). A read-only reader cannot: when the
@@ -214,6 +226,7 @@ def install_views(con: duckdb.DuckDBPyConnection, folder: Path | None = None, te
         )
     con.execute("BEGIN TRANSACTION")
     try:
+        _add_store_macros(con, temporary)
         _add_missing_tables(con, temporary)
         _add_missing_columns(con, temporary)
         if not temporary:

@@ -38,45 +38,30 @@ def schema_sql() -> str:
 
 
 # The ITL sketch of a request (table itl_sketches; why and how: analysis/README.md, "Percentiles:
-# exact, except ITL"): DDSketch log buckets at relative accuracy 1%, gamma = 1.01/0.99, bucket of a
-# value v > 0 = ceil(log_gamma(v)); 0 -> -500000, v < 0 -> -1000000 - ceil(log_gamma(-v)) (ordered
-# below 0); NULL, NaN and infinite gaps have no bucket. Kept here, beside the insert it follows,
-# because the writer must not import the analysis layer; the analysis layer backfills with it.
-SKETCH_GAMMA_SQL = "1.01 / 0.99"
-SKETCH_ZERO_BIN = -500000
-SKETCH_NEGATIVE_BASE = -1000000
-
-
-def _bucket(v: str) -> str:
-    return (f"CASE WHEN NOT isfinite({v}) THEN NULL "
-            f"WHEN {v} > 0 THEN CAST(ceil(ln({v}) / ln({SKETCH_GAMMA_SQL})) AS INTEGER) "
-            f"WHEN {v} = 0 THEN {SKETCH_ZERO_BIN} "
-            f"ELSE {SKETCH_NEGATIVE_BASE} - "
-            f"CAST(ceil(ln(-{v}) / ln({SKETCH_GAMMA_SQL})) AS INTEGER) END")
-
-
-ITL_SKETCH_SELECT = f"""
+# exact, except ITL"): the histogram of its gaps' DDSketch buckets (servelab_sketch_bin, defined
+# with the other chunk macros in schema.sql), per chunk and per token. Kept here, beside the insert
+# it follows, because the writer must not import the analysis layer; the analysis layer backfills
+# with it.
+ITL_SKETCH_SELECT = """
 SELECT run_id, request_id, gaps, gap_tokens, gap_sum_ms,
     -- one token per chunk (no speculative decoding): the token view is the chunk view; the
     -- repeat-per-token form below costs ~5x more, so it runs only where a chunk carries more
     CASE WHEN max_w = 1 THEN chunk_sketch ELSE CAST(list_aggregate(flatten(list_transform(
-         list_zip(list_transform(list_zip(g, w), p -> {_bucket('p[1] / p[2]')}), w),
+         list_zip(list_transform(list_zip(g, w), p -> servelab_sketch_bin(p[1] / p[2])), w),
          q -> list_resize([q[1]], q[2], q[1]))), 'histogram') AS MAP(INTEGER, BIGINT)) END
          AS token_sketch,
     chunk_sketch
 FROM (
     SELECT run_id, request_id, g, w, len(g) AS gaps, list_sum(w) AS gap_tokens,
         list_sum(g) AS gap_sum_ms, list_max(w) AS max_w,
-        CAST(list_aggregate(list_transform(g, x -> {_bucket('x')}), 'histogram')
+        CAST(list_aggregate(list_transform(g, x -> servelab_sketch_bin(x)), 'histogram')
              AS MAP(INTEGER, BIGINT)) AS chunk_sketch
     FROM (
         SELECT run_id, request_id,
-            coalesce(list_transform(list_zip(list_slice(chunk_offsets_ms, 2, -1),
-                                             list_slice(chunk_offsets_ms, 1, -2)),
-                                    p -> p[1] - p[2]), []) AS g,
+            coalesce(servelab_chunk_gaps(chunk_offsets_ms), []) AS g,
             list_transform(range(2, coalesce(len(chunk_offsets_ms), 0) + 1),
-                           i -> greatest(coalesce(chunk_tokens[i], 1), 1)) AS w
-        FROM {{source}}
+                           i -> servelab_chunk_weight(chunk_tokens[i])) AS w
+        FROM {source}
     )
 )"""
 
@@ -86,17 +71,14 @@ FROM (
 # that stage_summary reads a few numbers per request instead of unnesting every chunk (1 M
 # requests x 256 chunks: 9.2 s -> 2.7 s side by side; bench/analysis.py). They depend on nothing
 # but the row: a stage window, set after rows exist and cut short at Stop, is applied at query
-# time. k_i = chunk_tokens[i], 1 when NULL or below 1 (a content chunk carries text; the views'
-# macro servelab_chunk_weight), g_i = offset_i - offset_{i-1}. The store cannot use the views'
-# macros (it writes files that have none yet), so analysis/10_request_metrics.sql's lists
-# chunk_weights / gaps_ms are the same k_i and g_i written there, and
-# tests/analysis/test_request_scalars.py checks that both agree on every shape. A file from
-# before these columns, or rows inserted without them, are filled in place by
-# ``fill_request_scalars`` (``views.install_views`` calls it).
+# time. k_i and g_i are schema.sql's macros servelab_chunk_weight and servelab_chunk_gaps, which
+# the views' lists chunk_weights and gaps_ms read too (tests/analysis/test_request_scalars.py
+# holds the scalars against those lists on every shape). A file from before these columns, or rows
+# inserted without them, are filled in place by ``fill_request_scalars`` (``views.install_views``
+# calls it).
 _N = "coalesce(len(chunk_offsets_ms), 0)"
-_K = "greatest(coalesce(chunk_tokens[i], 1), 1)"
-_GAPS = ("list_transform(list_zip(list_slice(chunk_offsets_ms, 2, -1), list_slice(chunk_offsets_ms, 1, -2)), "
-         "lambda p: p[1] - p[2])")
+_K = "servelab_chunk_weight(chunk_tokens[i])"
+_GAPS = "servelab_chunk_gaps(chunk_offsets_ms)"
 REQUEST_SCALARS = {
     "chunk_count": _N,                                                         # content chunks n
     "chunk_token_sum": f"list_sum(list_transform(range(1, {_N} + 1), lambda i: {_K}))",  # sum k_i

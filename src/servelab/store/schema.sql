@@ -2,6 +2,35 @@
 -- (DOUBLE) taken from one wall-clock anchor per process plus a monotonic clock, so rows from
 -- different workers and hosts join on time. Every column is documented in analysis/README.md.
 
+-- What a request's chunk lists mean, defined once: the store derives its chunk scalars
+-- (store.db.REQUEST_SCALARS) and ITL sketches (store.db.ITL_SKETCH_SELECT) with these macros as it
+-- writes, and the analysis views (analysis/*.sql) read the same ones. They live in the file with
+-- the tables, so the plain duckdb shell has them; a read-only reader of a file from before them
+-- gets them as TEMP macros (analysis.views.install_views).
+--   servelab_chunk_weight(k): a content chunk's tokens k_i = chunk_tokens[i]; 1 when NULL or
+--     below 1 (a content chunk carries text).
+--   servelab_chunk_gaps(offsets): the chunk gaps g_i = offset_i - offset_{i-1}, i >= 2 (NULL for
+--     NULL offsets, [] for one chunk).
+--   servelab_sketch_bin(v): a gap's DDSketch bucket at relative accuracy 1% (gamma = 1.01/0.99):
+--     ceil(log_gamma(v)) for v > 0; 0 -> -500000; v < 0 -> -1000000 - ceil(log_gamma(-v)), ordered
+--     below 0; NULL, NaN and infinite gaps have none. Why a sketch: analysis/README.md,
+--     "Percentiles: exact, except ITL".
+--   servelab_sketch_value(b): the value bucket b is read as, 2 gamma^b / (gamma + 1) (its
+--     interval (gamma^(b-1), gamma^b] within 1% either way), 0 exactly, negatives mirrored.
+CREATE OR REPLACE MACRO servelab_chunk_weight(k) AS greatest(coalesce(k, 1), 1);
+CREATE OR REPLACE MACRO servelab_chunk_gaps(offsets) AS
+    list_transform(list_zip(list_slice(offsets, 2, -1), list_slice(offsets, 1, -2)), p -> p[1] - p[2]);
+CREATE OR REPLACE MACRO servelab_sketch_gamma() AS 1.01 / 0.99;
+CREATE OR REPLACE MACRO servelab_sketch_bin(v) AS
+    CASE WHEN NOT isfinite(v) THEN NULL
+         WHEN v > 0 THEN CAST(ceil(ln(v) / ln(servelab_sketch_gamma())) AS INTEGER)
+         WHEN v = 0 THEN -500000
+         ELSE -1000000 - CAST(ceil(ln(-v) / ln(servelab_sketch_gamma())) AS INTEGER) END;
+CREATE OR REPLACE MACRO servelab_sketch_value(b) AS
+    CASE WHEN b = -500000 THEN 0.0
+         WHEN b < -500000 THEN -2 * pow(servelab_sketch_gamma(), -1000000 - b) / (servelab_sketch_gamma() + 1)
+         ELSE 2 * pow(servelab_sketch_gamma(), b) / (servelab_sketch_gamma() + 1) END;
+
 CREATE TABLE IF NOT EXISTS runs (
     run_id            VARCHAR PRIMARY KEY,
     started_unix      DOUBLE,
