@@ -6,8 +6,10 @@ request, then one every ``--itl-ms``, whatever the load; ``--mock-processes`` pr
 port through SO_REUSEPORT) pinned to ``--server-cores``. On ``--client-cores``, at each level in
 turn: ``bench/reference_client.py`` (raw sockets, no HTTP library), then ``servelab run
 --workers 0`` (the default one-process mode: Locust, the master, the writer and the web API in
-one process) of this checkout, then of each ``--commit`` (a ``git worktree`` of that commit,
-run from its own source). Each is ``--warmup`` s of warm-up and ``--hold`` s measured.
+one process) of this checkout and of each ``--commit`` (a ``git worktree`` of that commit, run
+from its own source), the checkouts taking turns at going first from one level to the next
+(repeat a level, ``--levels 256,256,384,384``, to measure each in every place). Each is
+``--warmup`` s of warm-up and ``--hold`` s measured.
 
 Per level and client: TTFT p99, ITL gap p99 (between consecutive content chunks of a stream),
 CPU per content chunk in the window (the whole process tree, sampled with psutil, the same way
@@ -249,9 +251,12 @@ def main() -> int:
     load0 = os.getloadavg()[0]
     results = []
     try:
+        order = list(homes.items())
         for i, c in enumerate(levels):
             results.append({"ref": run_reference(url, c, a, tmp)})
-            for name, home in homes.items():
+            # the checkouts take turns at going first: one measured right after the reference,
+            # or always last, read up to a tenth dearer or cheaper in CPU than beside itself
+            for name, home in order[i % len(order):] + order[:i % len(order)]:
                 results[i][name] = run_servelab(url, c, a, tmp, home, f"{name}-{i}")
     finally:
         mock.stop()
