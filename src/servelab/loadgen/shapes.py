@@ -17,12 +17,12 @@ the run ends with servelab's drain (see ``master.collector.Collector.drain_and_f
 from __future__ import annotations
 
 import logging
-import statistics
 import time
 
 import gevent
 from locust import LoadTestShape
 
+from servelab.core.quantiles import quantile_cont
 from servelab.core.stage_clock import (
     OPEN_KINDS,
     REACH_POLL_S,
@@ -292,7 +292,7 @@ class ManualStages:
         cur = self.current
         in_flight = None
         if self._samples:
-            in_flight = float(sum(statistics.median(v) for v in self._samples.values()))
+            in_flight = float(sum(quantile_cont(v, 0.5) for v in self._samples.values()))
         level = None if cur is None else cur.level
         start = None if cur is None else cur.measure_start_unix
         return {"stage": None if cur is None else cur.stage, "level": level,

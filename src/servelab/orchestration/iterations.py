@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import calendar
 import gzip
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.core.errors import ServelabError
+from servelab.core.quantiles import quantile_cont
 from servelab.specs.iteration_log import IterationLine, parse_iteration
 
 _QUARTER_HOUR = 900
@@ -108,7 +108,7 @@ def spread_in_seconds(seconds: list[float]) -> list[float]:
     for s in seconds:
         counts[s] = counts.get(s, 0) + 1
     busy = [1.0 / n for s, n in counts.items() if s - 1 in counts and s + 1 in counts]
-    spacing = statistics.median(busy) if busy else None
+    spacing = quantile_cont(busy, 0.5) if busy else None
     out, seen = [], {}
     for s in seconds:
         k = seen.get(s, 0)
