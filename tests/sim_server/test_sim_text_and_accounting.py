@@ -6,6 +6,7 @@ import time
 import pytest
 
 from servelab.sim.server.server import start_background
+from servelab.sim.server.stream import clock
 from sim_server_helpers import FAST, MODEL, get, sse, sse_post
 
 PROMPTS = ["Write about rivers.", "List three colours.", "What is a prime number?"]
@@ -70,6 +71,13 @@ def test_sim_requests_matches_the_client(sim):
     assert rec["output_tokens"] == usage["completion_tokens"] == sum(rec["chunk_tokens"]) == 9
     assert len(rec["chunk_times"]) == len(content_times) == 9
     assert rec["finish_reason"] == "length" and rec["fault"] is None
+    # The simulator's epoch seconds are its start's wall clock plus a monotonic clock (one anchor
+    # per process, so a run's times never jump); the client here reads the wall clock as it is
+    # now. A step of the wall clock since the session's simulator started (0.39 s once, in a
+    # fresh-clone suite run) is taken off before the two are compared.
+    step = (time.time() - clock()) - sim.server.epoch_offset
+    sent -= step
+    content_times = [t - step for t in content_times]
     assert sent - 0.05 <= rec["arrival"] <= rec["first_token"] <= rec["finished"]
     assert rec["first_token"] == rec["chunk_times"][0] and rec["finished"] == rec["chunk_times"][-1]
     # epoch seconds on the same clock as the client's: each chunk was sent just before it arrived
