@@ -42,6 +42,7 @@ import numpy as np
 import psutil
 
 from servelab.core import procs
+from servelab.core.quantiles import quantile_cont
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = Path(__file__).resolve().parent
@@ -83,7 +84,7 @@ class TreeCpu:
 
 
 def p99(values) -> float | None:
-    return float(np.quantile(np.asarray(values, dtype=float), 0.99)) if len(values) else None
+    return quantile_cont(values, 0.99) if len(values) else None
 
 
 def pinned(cores: str | None, cmd: list[str]) -> list[str]:
@@ -210,7 +211,39 @@ def table(levels: list[int], results: list[dict], names: list[str]) -> list[str]
             cells.append(f"{n}: ITL {f(itl, 2)}x, CPU {f(cpu, 2)}x "
                          f"{'holds' if ok else 'MISSES'}")
         lines.append(f"{c}: " + "; ".join(cells))
-    return lines
+    return lines + repeat_medians(levels, results, others)
+
+
+def repeat_medians(levels: list[int], results: list[dict], others: list[str]) -> list[str]:
+    """For a level measured more than once: each checkout's median, over the repeats, of its
+    ratios to the reference measured beside it and of its TTFT p99 over the reference's, held to
+    the same check (one row on this shared machine moves by more than a tenth)."""
+    rows: dict[int, list[dict]] = {}
+    for c, r in zip(levels, results):
+        rows.setdefault(c, []).append(r)
+    out = []
+    for c, rs in rows.items():
+        if len(rs) < 2:
+            continue
+        cells = []
+        for n in others:
+            ttft = median(r[n]["ttft_p99"] - r["ref"]["ttft_p99"] for r in rs
+                          if r[n]["ttft_p99"] is not None and r["ref"]["ttft_p99"] is not None)
+            itl = median(r[n]["itl_p99"] / r["ref"]["itl_p99"] for r in rs
+                         if r[n]["itl_p99"] and r["ref"]["itl_p99"])
+            cpu = median(r[n]["us_per_chunk"] / r["ref"]["us_per_chunk"] for r in rs
+                         if r["ref"]["us_per_chunk"])
+            flagged = sum(bool(r[n]["saturated"]) for r in rs)
+            ok = (ttft <= 3.0 and itl <= 1.2 and (c < 256 or cpu <= 1.1)
+                  and not (c == 256 and flagged))
+            cells.append(f"{n}: TTFT {ttft:+.1f} ms, ITL {itl:.2f}x, CPU {cpu:.2f}x, flagged "
+                         f"{flagged} {'holds' if ok else 'MISSES'}")
+        out.append(f"{c} (median of {len(rs)}): " + "; ".join(cells))
+    return ["", "medians over the repeats of a level"] + out if out else []
+
+
+def median(values) -> float:
+    return quantile_cont(list(values), 0.5)
 
 
 def main() -> int:
